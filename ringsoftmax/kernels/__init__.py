@@ -1,0 +1,20 @@
+"""Triton kernels only: one concern per file, each with its @triton.jit kernels and a small launcher.
+
+Nothing here imports from the layers above (softmax.py, attention.py, ring.py). Every launcher takes
+and returns plain tensors and follows the (out, lse) contract of DESIGN.md:
+
+- ``lse`` is float32, natural log, one value per row; a row with no valid entry has ``lse = -inf``
+  and output 0, never NaN.
+- Math is float32 whatever the input dtype; outputs are written in the input dtype unless a
+  launcher says otherwise.
+
+Files and launchers:
+
+- ``softmax_fwd.py``: ``softmax_fwd(x) -> (y, lse)``, ``row_lse(x) -> lse``,
+  ``normalize(x, lse) -> y`` for ``x`` of shape (M, N), last stride 1.
+- ``softmax_bwd.py``: ``row_dot(y, dy) -> delta`` and ``softmax_bwd(y, dy, delta=None) -> dx``.
+- ``attention_fwd.py``: ``attention_fwd(q, k, v, ...) -> (out, lse)`` for one (query block, key
+  block) pair with causal masking by global positions.
+- ``attention_bwd.py``: ``attention_bwd(q, k, v, out, dout, lse, delta, ...) -> (dq, dk, dv)``.
+- ``merge.py``: ``merge_(acc_out, acc_lse, out_b, lse_b)``, the fused in-place LSE merge.
+"""

@@ -1,0 +1,41 @@
+"""Run a function on W gloo processes on this machine; any rank's exception fails the test."""
+import os
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, fn, args, errdir):
+    os.environ["RINGSOFTMAX_TEST_RANK"] = str(rank)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=__import__("datetime").timedelta(seconds=120))
+    try:
+        fn(rank, world, *args)
+    except BaseException:
+        with open(os.path.join(errdir, f"rank{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_world(world: int, fn, *args) -> None:
+    """Spawn ``world`` processes running ``fn(rank, world, *args)`` in one gloo group."""
+    with tempfile.TemporaryDirectory() as errdir:
+        try:
+            mp.start_processes(_worker, args=(world, _free_port(), fn, args, errdir), nprocs=world,
+                               start_method="spawn", join=True)
+        except Exception as e:
+            logs = "".join(open(os.path.join(errdir, n)).read() for n in sorted(os.listdir(errdir)))
+            raise AssertionError(f"a rank failed:\n{logs or e}") from None

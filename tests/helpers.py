@@ -1,0 +1,48 @@
+"""Shared checks: norm-relative error against a float64 reference, and float64 oracles."""
+import torch
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| in float64, over finite entries; inf if NaN appears or -inf/0 differ."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    if torch.isnan(got).any():
+        return float("inf")
+    if not torch.equal(torch.isinf(got), torch.isinf(want)):
+        return float("inf")
+    fin = torch.isfinite(want)
+    g, w = got[fin], want[fin]
+    denom = w.norm().item()
+    return (g - w).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def assert_close(name: str, got, want, tol: float) -> None:
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    err = rel_err(got, want)
+    assert err <= tol, f"{name}: norm-relative error {err:.3e} > {tol:.1e}"
+
+
+def softmax64(x: torch.Tensor, dim: int):
+    """float64 softmax and lse with the all -inf row rule (y = 0, lse = -inf)."""
+    x = x.double()
+    lse = torch.logsumexp(x, dim)
+    safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    return torch.exp(x - safe.unsqueeze(dim)), lse
+
+
+def attention64(q, k, v, causal=False, scale=None, q_pos=None, k_pos=None):
+    """Naive float64 attention with explicit global positions: (out (B,Sq,H,D), lse (B,H,Sq))."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, sq, h, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = d ** -0.5 if scale is None else scale
+    k = k.repeat_interleave(h // hkv, dim=2)
+    v = v.repeat_interleave(h // hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        qp = torch.arange(sq) if q_pos is None else q_pos
+        kp = torch.arange(sk) if k_pos is None else k_pos
+        s = s.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - safe[..., None])
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
