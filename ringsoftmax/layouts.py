@@ -101,11 +101,12 @@ def unshard_from(shards, dim: int, layout: str = "zigzag") -> torch.Tensor:
 def shard(x: torch.Tensor, dim: int, group=None, layout: str = "zigzag") -> torch.Tensor:
     """This rank's shard of the full tensor ``x`` along ``dim``, cut by ``layout``.
 
-    With no initialized process group (or one rank) the shard is a copy of the whole ``x``.
+    With no initialized process group (or one rank) the shard is ``x`` itself.
     """
     from .ring import group_rank_world
-    _, rank, world = group_rank_world(group, "shard")
-    return shard_for(x, dim, rank, world, layout)
+    pg, rank, world = group_rank_world(group, "shard")
+    check_layout(layout, "shard")
+    return x if pg is None else shard_for(x, dim, rank, world, layout)
 
 
 def unshard(x_shard: torch.Tensor, dim: int, group=None, layout: str = "zigzag") -> torch.Tensor:
