@@ -15,10 +15,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, fn, args, errdir):
-    os.environ["RINGSOFTMAX_TEST_RANK"] = str(rank)
+def _worker(rank, world, port, fn, args, errdir, backend):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=__import__("datetime").timedelta(seconds=120))
     try:
         fn(rank, world, *args)
@@ -30,11 +31,12 @@ def _worker(rank, world, port, fn, args, errdir):
         dist.destroy_process_group()
 
 
-def run_world(world: int, fn, *args) -> None:
-    """Spawn ``world`` processes running ``fn(rank, world, *args)`` in one gloo group."""
+def run_world(world: int, fn, *args, backend: str = "gloo") -> None:
+    """Spawn ``world`` processes running ``fn(rank, world, *args)`` in one process group
+    (gloo on the CPU; nccl puts rank r on GPU r)."""
     with tempfile.TemporaryDirectory() as errdir:
         try:
-            mp.start_processes(_worker, args=(world, _free_port(), fn, args, errdir), nprocs=world,
+            mp.start_processes(_worker, args=(world, _free_port(), fn, args, errdir, backend), nprocs=world,
                                start_method="spawn", join=True)
         except Exception as e:
             logs = "".join(open(os.path.join(errdir, n)).read() for n in sorted(os.listdir(errdir)))

@@ -8,6 +8,7 @@ import zlib
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import ringsoftmax as rs
 from ringsoftmax.layouts import LAYOUTS, shard_for
@@ -16,9 +17,13 @@ from dist_utils import run_world
 from helpers import assert_close, attention64, softmax64
 
 
-def _ring_attention_case(rank, world, layout, causal, heads, kv_heads, shard_len, dtype, tol, scale=None):
+def _device(rank):
+    return torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _ring_attention_case(rank, world, layout, causal, heads, kv_heads, shard_len, dtype, tol, scale=None, d=8):
     torch.manual_seed(zlib.crc32(repr((layout, causal, heads, kv_heads, shard_len, dtype)).encode()))
-    b, d, n = 2, 8, shard_len * world
+    b, n, dev = 2, shard_len * world, _device(rank)
     q = torch.randn(b, n, heads, d, dtype=torch.float64) * 2
     k = torch.randn(b, n, kv_heads, d, dtype=torch.float64) * 2
     v = torch.randn(b, n, kv_heads, d, dtype=torch.float64)
@@ -28,9 +33,9 @@ def _ring_attention_case(rank, world, layout, causal, heads, kv_heads, shard_len
     out_ref, _ = attention64(*ref, causal=causal, scale=scale)
     out_ref.backward(g)
 
-    local = [shard_for(t, 1, rank, world, layout).to(dtype).requires_grad_() for t in (q, k, v)]
+    local = [shard_for(t, 1, rank, world, layout).to(dev, dtype).requires_grad_() for t in (q, k, v)]
     out = rs.ring_attention(*local, causal=causal, softmax_scale=scale, layout=layout)
-    out.backward(shard_for(g, 1, rank, world, layout).to(dtype))
+    out.backward(shard_for(g, 1, rank, world, layout).to(dev, dtype))
     what = f"world={world} layout={layout} causal={causal} heads={heads}/{kv_heads} n={n} {dtype}"
     assert out.dtype == dtype
     assert_close(f"out {what}", out, shard_for(out_ref, 1, rank, world, layout), tol)
@@ -47,8 +52,8 @@ def _ring_attention_cases(rank, world):
         _ring_attention_case(rank, world, layout, True, 4, 2, 8, torch.float32, 1e-5, scale=0.3)
 
 
-def _ring_softmax_cases(rank, world):
-    lengths = [3, 0, 8, 1][:world]                      # unequal pieces, one rank empty
+def _ring_softmax_cases(rank, world, dtypes=((torch.float64, 1e-10), (torch.float32, 1e-5)), lengths=(3, 0, 8, 1)):
+    lengths = list(lengths)[:world]                     # unequal pieces, one rank may be empty
     n = sum(lengths)
     start = sum(lengths[:rank])
     for dim, shape in ((1, (2, n, 3)), (-1, (4, n))):
@@ -57,14 +62,14 @@ def _ring_softmax_cases(rank, world):
         x.movedim(dim, -1)[0, ..., : n // 2] = float("-inf")                           # some -inf entries
         x.movedim(dim, -1)[-1] = float("-inf")                                          # rows all -inf
         g = torch.randn(shape, dtype=torch.float64)
-        for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+        for dtype, tol in dtypes:
             x, g = x.to(dtype).double(), g.to(dtype).double()       # the reference sees the rounded inputs
             xr = x.clone().requires_grad_()
             y_ref, _ = softmax64(xr, dim)
             y_ref.backward(g)
-            piece = x.narrow(dim, start, lengths[rank]).to(dtype).requires_grad_()
+            piece = x.narrow(dim, start, lengths[rank]).to(_device(rank), dtype).requires_grad_()
             y = rs.ring_softmax(piece, dim=dim)
-            y.backward(g.narrow(dim, start, lengths[rank]).to(dtype))
+            y.backward(g.narrow(dim, start, lengths[rank]).to(_device(rank), dtype))
             what = f"world={world} dim={dim} {dtype} piece={lengths[rank]}"
             assert y.dtype == dtype and y.shape == piece.shape
             assert_close(f"y {what}", y, y_ref.narrow(dim, start, lengths[rank]), tol)
@@ -88,3 +93,19 @@ def _all_cases(rank, world):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_ring_against_unsharded(world):
     run_world(world, _all_cases)
+
+
+def _gpu_cases(rank, world):
+    _ring_softmax_cases(rank, world, dtypes=((torch.float32, 1e-5), (torch.bfloat16, 1e-2)), lengths=(3000, 0, 70001))
+    for layout in LAYOUTS:
+        for causal in (False, True):
+            for heads, kv_heads in ((8, 2), (4, 4)):
+                _ring_attention_case(rank, world, layout, causal, heads, kv_heads, 130, torch.bfloat16, 2e-2, d=64)
+        _ring_attention_case(rank, world, layout, True, 4, 1, 66, torch.float32, 1e-5, d=128)
+
+
+@pytest.mark.gpu
+def test_ring_with_nccl_on_two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    run_world(2, _gpu_cases, backend="nccl")
