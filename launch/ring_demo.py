@@ -144,6 +144,7 @@ def main():
     say(rank, f"ring_softmax fwd | {t_sm * 1e3:.2f} ms | {b * h * n / t_sm:,.0f} elements/s")
     ok = status.item() == 0
     say(rank, "PASS" if ok else "FAIL")
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1
 

@@ -100,21 +100,15 @@ def merge_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out_b: torch.Tensor, ls
     """In-place ``(acc_out, acc_lse) <- merge(acc_out, acc_lse, out_b, lse_b)``.
 
     ``acc_out`` / ``acc_lse`` are float32 (or float64) accumulators and may be strided views (slices
-    of a bigger accumulator along seqlen). On CUDA float32 this is the fused Triton kernel of
-    ``kernels/merge.py``; otherwise the torch formula above.
+    of a bigger accumulator along seqlen). Where the blocks run on the Triton kernels (CUDA float32
+    accumulators, or ``RINGSOFTMAX_BACKEND=triton``) this is the fused kernel of ``kernels/merge.py``,
+    which computes the same rule in one pass; otherwise the torch formula above.
     """
-    if acc_out.is_cuda and acc_out.dtype == torch.float32 and _fused_merge() is not None:
-        _fused_merge()(acc_out, acc_lse, out_b, lse_b)
+    from .backend import use_triton
+    if acc_out.dtype == torch.float32 and use_triton(acc_out):
+        from .kernels.merge import merge_ as fused
+        fused(acc_out, acc_lse, out_b, lse_b)
         return
     out, lse = merge(acc_out, acc_lse, out_b, lse_b)
     acc_out.copy_(out)
     acc_lse.copy_(lse)
-
-
-def _fused_merge():
-    """The Triton merge launcher, or None when its module is not there."""
-    try:
-        from .kernels.merge import merge_ as fused
-    except ImportError:
-        return None
-    return fused

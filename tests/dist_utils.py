@@ -23,6 +23,7 @@ def _worker(rank, world, port, fn, args, errdir, backend):
                             timeout=__import__("datetime").timedelta(seconds=120))
     try:
         fn(rank, world, *args)
+        dist.barrier()     # nobody tears its connections down while a peer still finishes its last op
     except BaseException:
         with open(os.path.join(errdir, f"rank{rank}.txt"), "w") as f:
             f.write(traceback.format_exc())

@@ -10,8 +10,8 @@ and returns plain tensors and follows the (out, lse) contract of DESIGN.md:
 
 Files and launchers:
 
-- ``softmax_fwd.py``: ``softmax_fwd(x) -> (y, lse)``, ``row_lse(x) -> lse``,
-  ``normalize(x, lse) -> y`` for ``x`` of shape (M, N), last stride 1.
+- ``softmax_fwd.py``: ``softmax_fwd(x) -> (y, lse)``, ``row_stats(x) -> (max, sum)``,
+  ``normalize(x, max, sum) -> y`` for ``x`` of shape (M, N), last stride 1.
 - ``softmax_bwd.py``: ``row_dot(y, dy) -> delta`` and ``softmax_bwd(y, dy, delta=None) -> dx``.
 - ``attention_fwd.py``: ``attention_fwd(q, k, v, ...) -> (out, lse)`` for one (query block, key
   block) pair with causal masking by global positions.

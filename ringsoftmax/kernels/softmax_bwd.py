@@ -1,0 +1,288 @@
+"""Row softmax backward in Triton: ``row_dot`` and ``softmax_bwd`` on (M, N) rows.
+
+``dx = y * (dy - delta)`` with ``delta = sum(y * dy)`` per row. The floor is two reads (y, dy) and
+one write (dx). The regimes and knobs are those of ``softmax_fwd.py`` (its ``ROWS_TILE``,
+``PERSISTENT``, ... apply here too), plus ``BWD_ROWS_MAX_N`` and ``BWD_SPLIT_CHUNK``:
+
+- delta given: one elementwise pass (the floor).
+- rows (``N <= BWD_ROWS_MAX_N``): whole rows of y and dy in registers, delta and dx in one pass.
+- persistent split (CUDA): each program of a persistent grid reduces its chunk of y and dy to a
+  partial dot, publishes it at the row's counter, and writes dx once the row's partials are in,
+  re-reading y and dy (from L2 when the rows in flight fit there).
+- two-pass split (CPU / interpreter, or ``PERSISTENT = False``): partial dots, their sum, then the
+  elementwise pass (y and dy read twice).
+
+Contract: y, dy (M, N) float32/float16/bfloat16 with unit column stride (any row stride); dx is a
+new contiguous (M, N) tensor in dy.dtype; delta is (M,) float32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import softmax_fwd as fwd
+from .softmax_fwd import chunk_ptrs, row_arrive, row_wait
+
+#: Rows up to this length are handled whole by one program, in registers (y and dy): 96% (fp32) and
+#: 100% (bf16) of copy at 32K; at 64K it spills (12-20%).
+BWD_ROWS_MAX_N = 32768
+#: Elements per program of the rows kernel (one row if longer), by element size.
+BWD_ROWS_TILE = {4: 4096, 2: 8192}
+#: Elements per thread of each of y and dy in the rows kernel, by element size (two tensors live).
+BWD_ELEMS_PER_THREAD = {4: 16, 2: 16}
+#: Split rows of at most this many bytes (y and dy) take the persistent kernel, longer ones the
+#: two-pass path (measured faster there), by the larger element size. None: no limit.
+BWD_PERSISTENT_MAX_ROW_BYTES = {4: 8 << 20, 2: 8 << 20}
+#: Split rows in the backward: (chunk elements per program, num_warps) by the larger element size
+#: of y and dy.
+BWD_SPLIT_CHUNK = {4: (2048, 4), 2: (4096, 8)}
+
+
+@triton.jit
+def _load0(P, row, start, N, stride, offs, EVICT: tl.constexpr):
+    ptrs, ok = chunk_ptrs(P, row, start, N, stride, offs)
+    return tl.load(ptrs, mask=ok, other=0.0, eviction_policy=EVICT).to(tl.float32)
+
+
+@triton.jit
+def _store_dx(DX, row, start, N, stride, offs, y, dy, delta):
+    ptrs, ok = chunk_ptrs(DX, row, start, N, stride, offs)
+    tl.store(ptrs, (y * (dy - delta)).to(DX.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DX: tl.constexpr):
+    """BLOCK_M whole rows per program: delta = sum(y * dy), dx = y * (dy - delta)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(y * dy, axis=1)
+    if STORE_DX:
+        dx = y * (dy - delta[:, None])
+        tl.store(DX + rows64[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    else:
+        tl.store(DELTA + rows, delta, mask=row_ok)
+
+
+@triton.jit
+def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, stride_dxm,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx = y * (dy - delta[row]) on a (BLOCK_M rows x BLOCK_N) tile; program = (row block, chunk)."""
+    pid = tl.program_id(0)
+    rb = pid // K
+    k = pid - rb * K
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
+    dx = y * (dy - delta[:, None])
+    tl.store(DX + rows64[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _partial_dot_kernel(Y, DY, PD, M, N, K, stride_ym, stride_dym,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K)."""
+    pid = tl.program_id(0)
+    rb = pid // K
+    k = pid - rb * K
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(PD + rows64 * K + k, tl.sum(y * dy, axis=1), mask=row_ok)
+
+
+@triton.jit
+def _sum_partials_kernel(PD, DELTA, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Two-pass, combine: delta[row] = sum of the row's K partial dots."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)
+    acc = tl.zeros([BLOCK_M], tl.float32)
+    for j in range(0, K, BLOCK_K):
+        ks = j + tl.arange(0, BLOCK_K)
+        mask = row_ok[:, None] & (ks[None, :] < K)
+        acc += tl.sum(tl.load(PD + rows64[:, None] * K + ks[None, :], mask=mask, other=0.0), axis=1)
+    tl.store(DELTA + rows, acc, mask=row_ok)
+
+
+@triton.jit
+def _dx_row(Y, DY, DX, PD, CNT, ERR, row, q, N, stride_ym, stride_dym, stride_dxm, Q, R, spin_max, offs,
+            CHUNK: tl.constexpr, PB: tl.constexpr, STORE_EVICT: tl.constexpr):
+    """Persistent path, pass 2 of one row: wait for its Q partial dots, then write dx for chunks q + r Q."""
+    row_wait(CNT + row, Q, spin_max, ERR)
+    # delta = sum of the partials (read past L1)
+    wbase = tl.cast(row, tl.int64) * Q
+    delta = 0.0
+    for j in range(0, Q, PB):
+        idx = j + tl.arange(0, PB)
+        delta += tl.sum(tl.load(PD + wbase + idx, mask=idx < Q, other=0.0, cache_modifier=".cg"), axis=0)
+    # re-read y and dy (newest first: most likely still in L2) and write dx
+    for i in range(0, R):
+        start = (q + (R - 1 - i) * Q).to(tl.int64) * CHUNK
+        yr = _load0(Y, row, start, N, stride_ym, offs, "evict_first")
+        dyr = _load0(DY, row, start, N, stride_dym, offs, "evict_first")
+        ptrs, ok = chunk_ptrs(DX, row, start, N, stride_dxm, offs)
+        tl.store(ptrs, (yr * (dyr - delta)).to(DX.dtype.element_ty), mask=ok, eviction_policy=STORE_EVICT)
+
+
+@triton.jit(do_not_specialize=["M", "Q", "G", "R", "LAG", "spin_max"])
+def _bwd_persistent_kernel(Y, DY, DX, PD, CNT, ERR, M, N, stride_ym, stride_dym, stride_dxm,
+                           Q, G, R, LAG, spin_max,
+                           CHUNK: tl.constexpr, PB: tl.constexpr,
+                           LOAD_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr):
+    """Split rows on a persistent grid (the schedule of softmax_fwd's persistent kernel).
+
+    Program (slot, q) takes rows slot, slot + G, ...; of each row it reduces chunks q + r Q of y and
+    dy to a partial dot, publishes it to PD (M, Q) and counts in at CNT[row]; it writes dx of a row
+    once the row's Q partials are in (LAG = 1: after reducing the next row; LAG = 0: right away).
+    """
+    pid = tl.program_id(0)
+    slot = pid // Q
+    q = pid - slot * Q
+    offs = tl.arange(0, CHUNK)
+    for row in range(slot, M, G):
+        # pass 1: this program's partial dot of the row
+        d_run = 0.0
+        for r in range(0, R):
+            start = (q + r * Q).to(tl.int64) * CHUNK
+            yr = _load0(Y, row, start, N, stride_ym, offs, LOAD_EVICT)
+            dyr = _load0(DY, row, start, N, stride_dym, offs, LOAD_EVICT)
+            d_run += tl.sum(yr * dyr, axis=0)
+        tl.store(PD + tl.cast(row, tl.int64) * Q + q, d_run)
+        row_arrive(CNT + row)
+        # pass 2 of the previous row of this slot (LAG = 1) or of this row (LAG = 0)
+        prev = row - LAG * G
+        if prev >= slot:
+            _dx_row(Y, DY, DX, PD, CNT, ERR, prev, q, N, stride_ym, stride_dym, stride_dxm, Q, R, spin_max,
+                    offs, CHUNK, PB, STORE_EVICT)
+    if LAG > 0:
+        if slot < M:
+            last_row = slot + ((M - 1 - slot) // G) * G
+            _dx_row(Y, DY, DX, PD, CNT, ERR, last_row, q, N, stride_ym, stride_dym, stride_dxm, Q, R, spin_max,
+                    offs, CHUNK, PB, STORE_EVICT)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
+    fwd.check_rows(y, "y", fn)
+    fwd.check_rows(dy, "dy", fn)
+    if y.shape != dy.shape:
+        raise ValueError(f"{fn}: y {tuple(y.shape)} and dy {tuple(dy.shape)} must have one shape")
+    if y.device != dy.device:
+        raise ValueError(f"{fn}: y is on {y.device}, dy on {dy.device}")
+
+
+def _elem(y, dy) -> int:
+    return max(y.element_size(), dy.element_size())
+
+
+def _rows(y, dy, dx, delta, store_dx: bool) -> None:
+    m, n = y.shape
+    block_m, block_n, _, warps = fwd.tile_config(m, n, _elem(y, dy), per_thread=BWD_ELEMS_PER_THREAD,
+                                              tile=BWD_ROWS_TILE)
+    out = dx if store_dx else y
+    _bwd_rows_kernel[(triton.cdiv(m, block_m),)](
+        y, dy, out, delta if delta is not None else y, m, n, y.stride(0), dy.stride(0),
+        dx.stride(0) if store_dx else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_DX=store_dx,
+        num_warps=warps)
+
+
+def _two_pass_dot(y, dy) -> torch.Tensor:
+    m, n = y.shape
+    elem = _elem(y, dy)
+    block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
+    pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
+    _partial_dot_kernel[(triton.cdiv(m, block_m) * k,)](
+        y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    delta = torch.empty(m, dtype=torch.float32, device=y.device)
+    block_k = min(triton.next_power_of_2(k), 256)
+    cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
+    _sum_partials_kernel[(triton.cdiv(m, cm),)](pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
+    return delta
+
+
+def _elementwise(y, dy, dx, delta) -> None:
+    m, n = y.shape
+    elem = _elem(y, dy)
+    block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
+    _bwd_elementwise_kernel[(triton.cdiv(m, block_m) * k,)](
+        y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+
+
+def _persistent(y, dy, dx) -> None:
+    m, n = y.shape
+    chunk, warps = BWD_SPLIT_CHUNK[_elem(y, dy)]
+    k = triton.cdiv(n, chunk)
+    err = fwd.error_counter(y.device)
+    cnt = torch.zeros(m, dtype=torch.int32, device=y.device)
+    consts = dict(CHUNK=chunk, PB=fwd.PARTIAL_BLOCK, LOAD_EVICT=fwd.PERSISTENT_EVICT[0],
+                  STORE_EVICT=fwd.PERSISTENT_EVICT[1])
+    stand_in = torch.empty(1, dtype=torch.float32, device=y.device)
+    args = [y, dy, dx, stand_in, cnt, err, m, n, y.stride(0), dy.stride(0), dx.stride(0), 2, 2, 2, 2, fwd.SPIN_MAX]
+    programs = fwd.resident_programs(_bwd_persistent_kernel, args, consts, warps,
+                                     ("softmax_bwd", n % 16 == 0) + fwd.spec_key(y, dy, dx))
+    if fwd.is_interpreter(y):  # one program per row: programs run one after another here
+        q, g, r = 1, min(programs, m), k
+    else:
+        q, g, r = fwd.split_plan(k, m, programs, chunk * (y.element_size() + dy.element_size()))
+    args[3] = torch.empty((m, q), dtype=torch.float32, device=y.device)
+    args[11:15] = [q, g, r, 1 if r == 1 else 0]
+    _bwd_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
+
+
+def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """(M, N), (M, N) -> (M,) float32 ``sum(y * dy)`` per row (one read of each)."""
+    _check_pair(y, dy, "row_dot")
+    m, n = y.shape
+    delta = torch.zeros(m, dtype=torch.float32, device=y.device)
+    if m == 0 or n == 0:
+        return delta
+    if n <= BWD_ROWS_MAX_N:
+        _rows(y, dy, y, delta, store_dx=False)
+        return delta
+    return _two_pass_dot(y, dy)
+
+
+def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax backward: dx = y * (dy - delta), delta = rowsum(y * dy) unless given.
+
+    Args:
+        y: (M, N) softmax output; dy: (M, N) its gradient; float32 / float16 / bfloat16, unit
+            column stride, any row stride.
+        delta: optional (M,) per-row value to subtract (e.g. ``row_dot(y, dy) - dlse``).
+    Returns:
+        dx: (M, N) contiguous, dy.dtype.
+    """
+    _check_pair(y, dy, "softmax_bwd")
+    m, n = y.shape
+    dx = torch.empty((m, n), dtype=dy.dtype, device=dy.device)
+    if m == 0 or n == 0:
+        return dx
+    if delta is not None:
+        _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
+    elif n <= BWD_ROWS_MAX_N:
+        _rows(y, dy, dx, None, store_dx=True)
+    elif fwd.use_persistent(y, n * (y.element_size() + dy.element_size()), BWD_PERSISTENT_MAX_ROW_BYTES,
+                            _elem(y, dy)):
+        _persistent(y, dy, dx)
+    else:
+        _elementwise(y, dy, dx, _two_pass_dot(y, dy))
+    return dx

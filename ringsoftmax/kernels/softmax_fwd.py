@@ -1,0 +1,563 @@
+"""Row softmax forward in Triton: ``softmax_fwd``, ``row_stats`` and ``normalize`` on (M, N) rows.
+
+Three regimes, picked per call from the row length N (knobs below, no autotuning):
+
+- **rows** (``N <= ROWS_MAX_N``): a program holds whole rows in registers, several rows per
+  program when they are short (a tile of ``ROWS_TILE`` elements): one read of x, one write of y.
+  The knobs are dicts by element size, filled from timings on an H200 (see the comments below).
+- **persistent split** (longer rows, CUDA): the row is cut into chunks of ``SPLIT_CHUNK`` elements
+  over the programs of a persistent grid sized to what the GPU holds at once (Q programs per row,
+  G rows in flight). Each program reduces its chunk to (max, sum of exp), publishes it and counts
+  itself in at a per-row counter without waiting; it then normalizes the *previous* row of its slot,
+  whose partials are in by then (the wait is off the critical path), merging them with the LSE rule
+  and re-reading its chunk while it is still in L2. HBM traffic: one read and one write while the
+  rows in flight fit in L2. Rows longer than the grid covers give each program several chunks and
+  are normalized right after their own reduction, newest chunks first (the tail still in L2).
+- **two-pass split** (CPU / the interpreter, or ``PERSISTENT = False``): chunk statistics, a small
+  combine kernel, then a normalize pass (two reads and one write).
+
+The grid-wide wait needs every program of the persistent grid resident at once: the grid is the
+multiprocessor count times the occupancy read off the compiled kernel's registers and shared memory.
+The interpreter runs programs one after another, so there the split rows take the two-pass path
+(``INTERPRETER_PERSISTENT`` runs the persistent kernel with one program per row instead, which never
+waits on another program, to check its code on CPU).
+
+Contract: x (M, N) float32/float16/bfloat16 with ``x.stride(1) == 1`` (any row stride); y is a new
+contiguous (M, N) tensor in x.dtype; lse is (M,) float32, natural log. An all ``-inf`` row gives
+y = 0 and lse = ``-inf``; N == 0 gives lse = ``-inf``. Offsets are 64-bit.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# ---- Regime knobs (module level so tests can lower them and reach the split paths at small N) ----
+# Values from timings on an H200 (benchmarks/logs/2026-11-22-h200-softmax-call*.log, .notes/softmax.md).
+# Dicts are keyed by element size in bytes (4: float32, 2: float16 / bfloat16).
+#: Rows up to this length are handled whole by one program, in registers (bf16 at 64K: 68% of copy
+#: against 59% split; fp32 at 64K spills: 65% against 72% split).
+ROWS_MAX_N = {4: 32768, 2: 65536}
+#: Elements per program in the rows kernel (one row if longer). Small programs (4 warps) win at
+#: small N: 99% of copy at N = 1K fp32 (1 row), 96% bf16 (4 rows); 16-warp programs lose.
+ROWS_TILE = {4: 1024, 2: 4096}
+#: Elements per thread that set ``num_warps`` for a tile (tile / (32 * this), clamped to 1..16).
+ELEMS_PER_THREAD = {4: 8, 2: 32}
+#: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
+#: (two-pass passes, normalize, the backward's elementwise pass).
+STREAM_TILE = {4: 4096, 2: 8192}
+STREAM_ELEMS_PER_THREAD = {4: 16, 2: 16}
+#: Split rows, persistent kernel: (chunk elements per program, num_warps).
+SPLIT_CHUNK = {4: (4096, 4), 2: (4096, 4)}
+#: On CUDA, split rows use the persistent kernel (False: always the two-pass path) ...
+PERSISTENT = True
+#: ... for rows of at most this many bytes; longer rows take the two-pass path, which measured
+#: faster there (the persistent kernel's re-reads stop hitting L2). None: no limit.
+PERSISTENT_MAX_ROW_BYTES = {4: 4 << 20, 2: 1 << 20}
+#: Eviction hints of the persistent kernels: (first read of a chunk, store of the output).
+PERSISTENT_EVICT = ("evict_last", "evict_first")
+#: Bytes of input the persistent grid reads per round at most (programs x chunk bytes): what must
+#: stay in L2 until it is re-read one row later. None: as many programs as the GPU holds.
+PERSISTENT_WAVE_BYTES = 12 << 20
+#: On CPU, run the persistent kernel (one program per row, so it never waits on another program).
+INTERPRETER_PERSISTENT = False
+#: Override of the persistent grid size (programs resident at once); None reads it off the GPU.
+RESIDENT_PROGRAMS = None
+#: Polls of a row counter before a program gives up waiting and counts a failure (see sync_failures).
+SPIN_MAX = 1 << 26
+#: Partials merged per step by a persistent program.
+PARTIAL_BLOCK = 256
+
+NEG_INF = float("-inf")
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared device helpers (softmax_bwd.py uses these too)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def row_arrive(CNT):
+    """Count this program in at a row's counter, after its partial stores (release)."""
+    tl.debug_barrier()
+    tl.atomic_add(CNT, 1, sem="release")
+
+
+@triton.jit
+def row_wait(CNT, expected, spin_max, ERR):
+    """Wait until ``expected`` programs have arrived at ``CNT`` (acquire); then their partials are visible.
+
+    After ``spin_max`` polls it gives up and adds 1 to ``ERR`` instead of hanging the GPU.
+    """
+    seen = tl.atomic_add(CNT, 0, sem="acquire")
+    spins = 0
+    while (seen < expected) & (spins < spin_max):
+        seen = tl.atomic_add(CNT, 0, sem="acquire")
+        spins += 1
+    tl.atomic_add(ERR, 1, mask=seen < expected)
+    tl.debug_barrier()
+
+
+@triton.jit
+def chunk_ptrs(X, row, start, N, stride, offs):
+    """Pointers and mask of the chunk ``[start, start + len(offs))`` of row ``row`` (64-bit offsets)."""
+    base = X + tl.cast(row, tl.int64) * stride + start
+    return base + offs, offs < (N - start).to(tl.int32)
+
+
+@triton.jit
+def _fold_chunk(xc, m_run, s_run):
+    """Fold a float32 chunk (padding -inf) into a running (max, sum of exp(x - max))."""
+    m_new = tl.maximum(m_run, tl.max(xc, axis=0))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    s_new = s_run * tl.exp(m_run - shift) + tl.sum(tl.exp(xc - shift), axis=0)
+    return m_new, s_new
+
+
+@triton.jit
+def _load_x(X, row, start, N, stride, offs, EVICT: tl.constexpr):
+    ptrs, ok = chunk_ptrs(X, row, start, N, stride, offs)
+    return tl.load(ptrs, mask=ok, other=float("-inf"), eviction_policy=EVICT).to(tl.float32)
+
+
+@triton.jit
+def _merge_partials(PM, PS, Q, PB: tl.constexpr):
+    """Merge Q partial (max, sum) pairs (read past L1) into the row's (max, sum)."""
+    m = float("-inf")
+    s = 0.0
+    for j in range(0, Q, PB):
+        idx = j + tl.arange(0, PB)
+        ok = idx < Q
+        pm = tl.load(PM + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        ps = tl.load(PS + idx, mask=ok, other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(pm, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(ps * tl.exp(pm - shift), axis=0)
+        m = m_new
+    return m, s
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr):
+    """BLOCK_M whole rows per program, held in registers: one read of x, one write of y.
+
+    With STORE_Y, writes y and lse; without, only the row statistics (max -> MX, sum of
+    exp(x - max) -> SX)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    # load the rows; padding is -inf, which adds nothing to a sum of exponentials
+    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
+    x = x.to(tl.float32)
+    # row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
+    m = tl.max(x, axis=1)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp(x - shift[:, None])
+    s = tl.sum(e, axis=1)
+    if not STORE_Y:
+        tl.store(MX + rows, m, mask=row_ok)
+        tl.store(SX + rows, s, mask=row_ok)
+    # normalize and write
+    if STORE_Y:
+        tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
+        inv = tl.where(s > 0, 1.0 / s, 0.0)
+        y = (e * inv[:, None]).to(Y.dtype.element_ty)
+        tl.store(Y + rows64[:, None] * stride_ym + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _normalize_row(X, Y, LSE, PM, PS, CNT, ERR, row, q, N, stride_xm, stride_ym, Q, R, spin_max, offs,
+                   CHUNK: tl.constexpr, PB: tl.constexpr, STORE_EVICT: tl.constexpr):
+    """Persistent path, pass 2 of one row: wait for its Q partials, then write y for chunks q + r Q."""
+    row_wait(CNT + row, Q, spin_max, ERR)
+    # the row's max and 1 / sum, from the partials with the LSE rule
+    m, s = _merge_partials(PM + tl.cast(row, tl.int64) * Q, PS + tl.cast(row, tl.int64) * Q, Q, PB)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    inv = tl.where(s > 0, 1.0 / s, 0.0)
+    tl.store(LSE + row, m + tl.log(s), mask=q == 0)
+    # re-read x (newest first: most likely still in L2) and write y
+    for i in range(0, R):
+        start = (q + (R - 1 - i) * Q).to(tl.int64) * CHUNK
+        xr = _load_x(X, row, start, N, stride_xm, offs, "evict_first")
+        ptrs, ok = chunk_ptrs(Y, row, start, N, stride_ym, offs)
+        tl.store(ptrs, (tl.exp(xr - shift) * inv).to(Y.dtype.element_ty), mask=ok, eviction_policy=STORE_EVICT)
+
+
+@triton.jit(do_not_specialize=["M", "Q", "G", "R", "LAG", "spin_max"])
+def _softmax_persistent_kernel(X, Y, LSE, PM, PS, CNT, ERR, M, N, stride_xm, stride_ym,
+                               Q, G, R, LAG, spin_max,
+                               CHUNK: tl.constexpr, PB: tl.constexpr,
+                               LOAD_EVICT: tl.constexpr, STORE_EVICT: tl.constexpr):
+    """Split rows on a persistent grid of G * Q programs: Q programs per row, G rows at a time.
+
+    Program (slot, q) takes rows slot, slot + G, ... For each row it reduces chunks
+    q, q + Q, ..., q + (R - 1) Q to one partial (max, sum), publishes it to PM / PS (M, Q) and
+    counts itself in at CNT[row] (M,) int32 zeros. It normalizes a row after the row's Q partials
+    are in, re-reading x: with LAG = 1 it first reduces the next row, so the wait is already over
+    and x comes back from L2; with LAG = 0 (rows longer than L2 holds) it normalizes the row it just
+    reduced, newest chunks first. ERR counts waits that gave up.
+    """
+    pid = tl.program_id(0)
+    slot = pid // Q
+    q = pid - slot * Q
+    offs = tl.arange(0, CHUNK)
+    for row in range(slot, M, G):
+        # pass 1: this program's partial (max, sum) of the row
+        m_run = float("-inf")
+        s_run = 0.0
+        for r in range(0, R):
+            xr = _load_x(X, row, (q + r * Q).to(tl.int64) * CHUNK, N, stride_xm, offs, LOAD_EVICT)
+            m_run, s_run = _fold_chunk(xr, m_run, s_run)
+        # publish it and count in (no wait here)
+        wbase = tl.cast(row, tl.int64) * Q
+        tl.store(PM + wbase + q, m_run)
+        tl.store(PS + wbase + q, s_run)
+        row_arrive(CNT + row)
+        # pass 2 of the previous row of this slot (LAG = 1) or of this row (LAG = 0)
+        prev = row - LAG * G
+        if prev >= slot:
+            _normalize_row(X, Y, LSE, PM, PS, CNT, ERR, prev, q, N, stride_xm, stride_ym, Q, R, spin_max,
+                           offs, CHUNK, PB, STORE_EVICT)
+    # with LAG = 1 the slot's last row is still to normalize
+    if LAG > 0:
+        if slot < M:
+            last_row = slot + ((M - 1 - slot) // G) * G
+            _normalize_row(X, Y, LSE, PM, PS, CNT, ERR, last_row, q, N, stride_xm, stride_ym, Q, R, spin_max,
+                           offs, CHUNK, PB, STORE_EVICT)
+
+
+@triton.jit
+def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)."""
+    pid = tl.program_id(0)
+    rb = pid // K
+    k = pid - rb * K
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
+    x = x.to(tl.float32)
+    m = tl.max(x, axis=1)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+    tl.store(PM + rows64 * K + k, m, mask=row_ok)
+    tl.store(PS + rows64 * K + k, s, mask=row_ok)
+
+
+@triton.jit
+def _combine_stats_kernel(PM, PS, LSE, SHIFT, SCALE, M, K,
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Two-pass, combine: K partials per row -> lse, and the row's max and 1 / sum for normalize."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_M], tl.float32)
+    for j in range(0, K, BLOCK_K):
+        ks = j + tl.arange(0, BLOCK_K)
+        mask = row_ok[:, None] & (ks[None, :] < K)
+        pm = tl.load(PM + rows64[:, None] * K + ks[None, :], mask=mask, other=float("-inf"))
+        ps = tl.load(PS + rows64[:, None] * K + ks[None, :], mask=mask, other=0.0)
+        m_new = tl.maximum(m, tl.max(pm, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(ps * tl.exp(pm - shift[:, None]), axis=1)
+        m = m_new
+    tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
+    tl.store(SHIFT + rows, m, mask=row_ok)
+    tl.store(SCALE + rows, s, mask=row_ok)
+
+
+@triton.jit
+def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0."""
+    pid = tl.program_id(0)
+    rb = pid // K
+    k = pid - rb * K
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
+    shift = tl.load(SHIFT + rows, mask=row_ok, other=0.0)
+    # exp(x - inf) = 0 for every x <= +large: an empty row gives 0, not exp(-inf + inf) = NaN
+    shift = tl.where(shift == float("-inf"), float("inf"), shift)
+    y = tl.exp(x.to(tl.float32) - shift[:, None])
+    s = tl.load(SUM + rows, mask=row_ok, other=0.0)
+    y = y * tl.where(s > 0, 1.0 / s, 0.0)[:, None]
+    tl.store(Y + rows64[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration (host side)
+# ----------------------------------------------------------------------------------------------
+def num_warps_for(elems: int, per_thread: int) -> int:
+    """Warps for a tile of ``elems`` elements, ``per_thread`` each: 1..16 warps."""
+    return max(1, min(16, elems // (32 * per_thread)))
+
+
+def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_thread: dict | None = None,
+                tile: dict | None = None):
+    """(BLOCK_M, BLOCK_N, K, num_warps) of a (rows x chunk) tile for an (m, n) problem.
+
+    ``elem``: element size in bytes; the tile has ``(tile or ROWS_TILE)[elem]`` elements (or one
+    row, if longer), and ``(per_thread or ELEMS_PER_THREAD)[elem]`` elements per thread.
+    """
+    block_n = triton.next_power_of_2(max(n, 1))
+    if max_block_n is not None:
+        block_n = min(block_n, max_block_n)
+    block_m = max(1, min((tile or ROWS_TILE)[elem] // block_n, triton.next_power_of_2(max(m, 1))))
+    warps = num_warps_for(block_m * block_n, (per_thread or ELEMS_PER_THREAD)[elem])
+    return block_m, block_n, triton.cdiv(max(n, 1), block_n), warps
+
+
+def stream_config(m: int, n: int, elem: int):
+    """tile_config of the streaming kernels: chunks of at most STREAM_TILE elements."""
+    return tile_config(m, n, elem, STREAM_TILE[elem], per_thread=STREAM_ELEMS_PER_THREAD, tile=STREAM_TILE)
+
+
+def split_chunk(elem: int, table=None):
+    """(chunk, num_warps) of a split row's per-program piece for an element size."""
+    return (table or SPLIT_CHUNK)[elem]
+
+
+def is_interpreter(t: torch.Tensor) -> bool:
+    """True where kernels run in Triton's interpreter (CPU tensors)."""
+    return t.device.type == "cpu"
+
+
+def use_persistent(t: torch.Tensor, row_bytes: int, max_row_bytes, elem: int) -> bool:
+    """Whether split rows of ``row_bytes`` (all inputs) on ``t``'s device take the persistent kernel.
+
+    ``max_row_bytes``: None (no limit) or a dict by element size ``elem`` (a value of None: no limit).
+    """
+    if not PERSISTENT or (is_interpreter(t) and not INTERPRETER_PERSISTENT):
+        return False
+    limit = None if max_row_bytes is None else max_row_bytes[elem]
+    return limit is None or row_bytes <= limit
+
+
+_ERR = {}
+_OCCUPANCY = {}
+
+
+def error_counter(device: torch.device) -> torch.Tensor:
+    """The device's int32 counter of persistent-grid waits that timed out (should stay 0)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = str(device)
+    if key not in _ERR:
+        _ERR[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _ERR[key]
+
+
+def sync_failures(device) -> int:
+    """How many persistent-kernel waits on ``device`` gave up (0 unless the grid was not resident)."""
+    return int(error_counter(device).item())
+
+
+def resident_programs(kernel, args, constexprs: dict, num_warps: int, key) -> int:
+    """Programs of ``kernel`` (this config) that the GPU holds at once: SMs x occupancy.
+
+    ``args`` are real launch arguments (the kernel must not specialize on the values that the grid
+    size changes). Occupancy comes from the compiled kernel's registers (per-warp allocation rounded
+    up to 256) and shared memory, and a multiprocessor's 64-warp / 32-block limits. Cached by ``key``.
+    """
+    if RESIDENT_PROGRAMS is not None:
+        return RESIDENT_PROGRAMS
+    if is_interpreter(args[0]):
+        return 4
+    device = args[0].device
+    key = (key, str(device), tuple(sorted(constexprs.items())), num_warps)
+    if key not in _OCCUPANCY:
+        compiled = kernel.warmup(*args, **constexprs, num_warps=num_warps, grid=(1,))
+        if hasattr(compiled, "_init_handles"):
+            compiled._init_handles()
+        props = triton.runtime.driver.active.utils.get_device_properties(device.index)
+        regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256
+        occ = props["max_num_regs"] // max(1, regs_per_warp * num_warps)
+        shared = compiled.metadata.shared
+        if shared:
+            occ = min(occ, props["max_shared_mem"] // shared)
+        occ = max(1, min(occ, 64 // num_warps, 32))
+        _OCCUPANCY[key] = props["multiprocessor_count"] * occ
+    return _OCCUPANCY[key]
+
+
+def spec_key(*tensors) -> tuple:
+    """What Triton specializes a persistent kernel on: dtypes and 16-alignment of pointers, strides."""
+    return tuple((t.dtype, t.data_ptr() % 16 == 0, tuple(s % 16 == 0 for s in t.stride())) for t in tensors)
+
+
+def split_plan(k: int, m: int, programs: int, chunk_bytes: int = 0):
+    """(Q, G, R) for rows of k chunks on ``programs`` resident programs.
+
+    Q programs per row with R chunks each (R = ceil(k / programs), Q = ceil(k / R), so every program
+    of a row has R chunks but the last few), G = rows in flight = programs // Q (at most m). Rows of
+    at most PERSISTENT_WAVE_BYTES // chunk_bytes chunks get only that many programs, so that the rows
+    in flight stay in L2 until they are re-read.
+    """
+    if PERSISTENT_WAVE_BYTES and chunk_bytes:
+        wave = max(1, PERSISTENT_WAVE_BYTES // chunk_bytes)
+        if k <= wave:
+            programs = min(programs, wave)
+    r = triton.cdiv(k, programs)
+    q = triton.cdiv(k, r)
+    g = max(1, min(programs // q, m))
+    return q, g, r
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def check_rows(x: torch.Tensor, name: str, fn: str) -> None:
+    """Raise unless ``x`` is an (M, N) float16/bfloat16/float32 tensor with unit column stride."""
+    if x.dim() != 2:
+        raise ValueError(f"{fn}: {name} must be (M, N), got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16, got {x.dtype}")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"{fn}: {name} must have stride 1 along its rows, got strides {x.stride()}")
+
+
+def _row_vector(v: torch.Tensor, m: int, x: torch.Tensor, name: str, fn: str) -> torch.Tensor:
+    """A per-row float32 vector, contiguous, checked against the rows."""
+    if v.dim() != 1 or v.shape[0] != m:
+        raise ValueError(f"{fn}: {name} must be ({m},), got shape {tuple(v.shape)}")
+    if v.device != x.device:
+        raise ValueError(f"{fn}: {name} is on {v.device}, x on {x.device}")
+    return v.to(torch.float32).contiguous()
+
+
+def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
+    m, n = x.shape
+    block_m, block_n, _, warps = tile_config(m, n, x.element_size())
+    _softmax_rows_kernel[(triton.cdiv(m, block_m),)](
+        x, y if store_y else x, lse, mx, sx, m, n, x.stride(0), y.stride(0) if store_y else 0,
+        BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y, num_warps=warps)
+
+
+def _two_pass_stats(x):
+    """Chunk statistics + combine: (lse, row max, row sum of exp(x - max)), each (M,) float32."""
+    m, n = x.shape
+    elem = x.element_size()
+    block_m, block_n, k, warps = stream_config(m, n, elem)
+    pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
+    ps = torch.empty_like(pm)
+    _chunk_stats_kernel[(triton.cdiv(m, block_m) * k,)](
+        x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    lse = torch.empty(m, dtype=torch.float32, device=x.device)
+    shift, total = torch.empty_like(lse), torch.empty_like(lse)
+    block_k = min(triton.next_power_of_2(k), 256)
+    cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
+    _combine_stats_kernel[(triton.cdiv(m, cm),)](pm, ps, lse, shift, total, m, k,
+                                                 BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
+    return lse, shift, total
+
+
+def _normalize_into(x, y, shift, total) -> None:
+    m, n = x.shape
+    elem = x.element_size()
+    block_m, block_n, k, warps = stream_config(m, n, elem)
+    _normalize_kernel[(triton.cdiv(m, block_m) * k,)](
+        x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+
+
+def _persistent(x, y, lse) -> None:
+    """The persistent split path (see _softmax_persistent_kernel)."""
+    m, n = x.shape
+    chunk, warps = split_chunk(x.element_size())
+    k = triton.cdiv(n, chunk)
+    err = error_counter(x.device)
+    cnt = torch.zeros(m, dtype=torch.int32, device=x.device)
+    consts = dict(CHUNK=chunk, PB=PARTIAL_BLOCK, LOAD_EVICT=PERSISTENT_EVICT[0], STORE_EVICT=PERSISTENT_EVICT[1])
+    # the grid size depends on the compiled kernel's occupancy: compile it first (lse stands in for
+    # the partials, whose size depends on the grid; the kernel does not specialize on Q, G, R, LAG)
+    args = [x, y, lse, lse, lse, cnt, err, m, n, x.stride(0), y.stride(0), 2, 2, 2, 2, SPIN_MAX]
+    programs = resident_programs(_softmax_persistent_kernel, args, consts, warps,
+                                 ("softmax_fwd", n % 16 == 0) + spec_key(x, y))
+    if is_interpreter(x):  # one program per row: programs run one after another here
+        q, g, r = 1, min(programs, m), k
+    else:
+        q, g, r = split_plan(k, m, programs, chunk * x.element_size())
+    lag = 1 if r == 1 else 0
+    pm = torch.empty((m, q), dtype=torch.float32, device=x.device)
+    ps = torch.empty_like(pm)
+    args[3:5] = [pm, ps]
+    args[11:15] = [q, g, r, lag]
+    _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
+
+
+def _empty_rows(x, m):
+    return torch.full((m,), NEG_INF, dtype=torch.float32, device=x.device)
+
+
+def softmax_fwd(x: torch.Tensor):
+    """Softmax of each row and its log-sum-exp.
+
+    Args:
+        x: (M, N) float32 / float16 / bfloat16, ``x.stride(1) == 1`` (any row stride).
+    Returns:
+        (y, lse): y (M, N) contiguous in x.dtype; lse (M,) float32, natural log. All ``-inf`` rows
+        give y = 0, lse = ``-inf``.
+    """
+    check_rows(x, "x", "softmax_fwd")
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y, _empty_rows(x, m)
+    lse = torch.empty(m, dtype=torch.float32, device=x.device)
+    if n <= ROWS_MAX_N[x.element_size()]:
+        _rows(x, y, lse, lse, lse, store_y=True)
+    elif use_persistent(x, n * x.element_size(), PERSISTENT_MAX_ROW_BYTES, x.element_size()):
+        _persistent(x, y, lse)
+    else:
+        lse, shift, total = _two_pass_stats(x)
+        _normalize_into(x, y, shift, total)
+    return y, lse
+
+
+def row_stats(x: torch.Tensor):
+    """(M, N) -> (m, s), each (M,) float32: the row max and sum(exp(x - m)) (one read of x).
+
+    A row with no finite entry (all -inf, or N == 0) gives (-inf, 0). Rows are normalized from
+    (m, s) rather than from a rounded lse, which would cost float32 digits at |x| ~ 1e4.
+    """
+    check_rows(x, "x", "row_stats")
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return _empty_rows(x, m), torch.zeros(m, dtype=torch.float32, device=x.device)
+    if n <= ROWS_MAX_N[x.element_size()]:
+        mx = torch.empty(m, dtype=torch.float32, device=x.device)
+        sx = torch.empty_like(mx)
+        _rows(x, x, mx, mx, sx, store_y=False)
+        return mx, sx
+    _, mx, sx = _two_pass_stats(x)
+    return mx, sx
+
+
+def normalize(x: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """y = exp(x - m[:, None]) / s[:, None] in x.dtype, math in float32; rows with s = 0 give 0.
+
+    Args:
+        x: (M, N) float32 / float16 / bfloat16, ``x.stride(1) == 1``.
+        m, s: (M,) float32 row statistics (e.g. ``row_stats`` merged over blocks or ranks).
+    """
+    check_rows(x, "x", "normalize")
+    rows, n = x.shape
+    m = _row_vector(m, rows, x, "m", "normalize")
+    s = _row_vector(s, rows, x, "s", "normalize")
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows and n:
+        _normalize_into(x, y, m, s)
+    return y

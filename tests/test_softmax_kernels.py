@@ -1,0 +1,335 @@
+"""The Triton softmax kernels (forward and backward) against float64 torch, in every regime.
+
+CPU tests run the kernels in Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py without
+CUDA) at small sizes, with the regime knobs lowered so the split-row paths run too. GPU tests
+(``-m gpu``) run every regime at real sizes, bfloat16 included, and 64-bit offsets.
+
+Every output is poisoned: ``torch.empty`` / ``empty_like`` return NaN-filled tensors while a kernel
+launcher runs, so an element the kernel does not write shows up as NaN.
+"""
+import os
+
+import pytest
+import torch
+
+from helpers import rel_err, softmax64
+from ringsoftmax.kernels import softmax_bwd as B
+from ringsoftmax.kernels import softmax_fwd as F
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+cpu_only = pytest.mark.skipif(not INTERP, reason="interpreter tests: TRITON_INTERPRET=1 (set without CUDA)")
+TOL = {torch.float32: 1e-5, torch.float16: 1.5e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Make torch.empty / empty_like return NaN (floats) or -7 (ints) while the test runs."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        return t.fill_(float("nan") if t.is_floating_point() else -7)
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+
+@pytest.fixture
+def small_regimes(monkeypatch):
+    """Lower the regime thresholds so the split paths run at interpreter sizes."""
+    monkeypatch.setattr(F, "ROWS_MAX_N", {4: 64, 2: 64})
+    monkeypatch.setattr(F, "ROWS_TILE", {4: 256, 2: 256})
+    monkeypatch.setattr(F, "STREAM_TILE", {4: 256, 2: 256})
+    monkeypatch.setattr(B, "BWD_ROWS_TILE", {4: 256, 2: 256})
+    monkeypatch.setattr(F, "SPLIT_CHUNK", {4: (32, 1), 2: (64, 1)})
+    monkeypatch.setattr(B, "BWD_ROWS_MAX_N", 64)
+    monkeypatch.setattr(B, "BWD_SPLIT_CHUNK", {4: (32, 1), 2: (64, 1)})
+
+
+def make_x(m, n, dtype, device, scale=1e4, gen=None):
+    """Scores with magnitudes up to ~scale, some -inf entries, an all -inf row (row 1 if m > 1)."""
+    x = torch.randn(m, n, generator=gen, dtype=torch.float32, device=device) * scale
+    if dtype == torch.float16:
+        x = x.clamp(-6e4, 6e4)
+    if n > 2:
+        x[:, ::7] = float("-inf")
+    if m > 1:
+        x[1] = float("-inf")
+    return x.to(dtype)
+
+
+def check_fwd(x, y, lse, tol):
+    want_y, want_lse = softmax64(x, -1)
+    assert y.dtype == x.dtype and y.shape == x.shape and y.is_contiguous()
+    assert lse.dtype == torch.float32 and lse.shape == (x.shape[0],)
+    assert rel_err(y, want_y) <= tol, f"y: {rel_err(y, want_y):.2e}"
+    assert rel_err(lse, want_lse) <= 1e-6, f"lse: {rel_err(lse, want_lse):.2e}"
+    empty = torch.isneginf(want_lse)
+    assert torch.isneginf(lse[empty]).all() and (y[empty] == 0).all()
+
+
+def check_bwd(y, dy, dx, tol, delta=None):
+    y64, dy64 = y.double(), dy.double()
+    d64 = (y64 * dy64).sum(-1) if delta is None else delta.double()
+    want = y64 * (dy64 - d64[:, None])
+    assert dx.dtype == dy.dtype and dx.shape == dy.shape and dx.is_contiguous()
+    assert not torch.isnan(dx).any()
+    # dy - delta cancels: the float32 error bound scales with |y| (|dy| + |delta|), not with |dx|
+    scale = (y64.abs() * (dy64.abs() + d64.abs()[:, None])).norm().item()
+    # float16 stores values under 6e-5 as subnormals, 6e-8 apart: allow half a step per element
+    floor = 2.0**-25 * dx.numel() ** 0.5 if dx.dtype == torch.float16 else 0.0
+    err = (dx.double() - want).norm().item()
+    assert err <= tol * scale + floor, f"dx: {err / max(scale, 1e-300):.2e} of the |y| (|dy| + |delta|) scale"
+
+
+def softmax_pair(m, n, dtype, device, scale=3.0):
+    """A real softmax output y (rows summing to 1, one all-zero row) and a random dy."""
+    x = torch.randn(m, n, device=device) * scale
+    if m > 1:
+        x[1] = float("-inf")
+    y = softmax64(x, -1)[0].to(dtype)
+    return y, torch.randn(m, n, device=device).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU (interpreter)
+# ---------------------------------------------------------------------------------------------
+@cpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [1, 2, 127, 1000, 4097])
+def test_fwd_rows_cpu(n, dtype, poisoned):
+    x = make_x(5, n, dtype, "cpu")
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    check_stats(x, *F.row_stats(x))
+
+
+@cpu_only
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [127, 1000, 4097])
+def test_fwd_split_cpu(n, dtype, persistent, poisoned, small_regimes, monkeypatch):
+    if persistent:
+        # one program per row in the interpreter; chunks of 256 keep the loops short
+        monkeypatch.setattr(F, "INTERPRETER_PERSISTENT", True)
+        monkeypatch.setattr(F, "SPLIT_CHUNK", {4: (256, 1), 2: (256, 1)})
+    x = make_x(6, n, dtype, "cpu")  # 6 rows on 4 programs: the row loop and its prefetch run
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    check_stats(x, *F.row_stats(x))
+    assert F.sync_failures("cpu") == 0
+
+
+@cpu_only
+@pytest.mark.parametrize("m, n, chunk", [(1, 100, 256), (9, 200, 256), (3, 600, 128), (7, 129, 64)])
+def test_persistent_schedules_cpu(m, n, chunk, poisoned, small_regimes, monkeypatch):
+    """One row or many per program; rows of one chunk (normalized one row late) or several (at once)."""
+    monkeypatch.setattr(F, "INTERPRETER_PERSISTENT", True)
+    monkeypatch.setattr(F, "SPLIT_CHUNK", {4: (chunk, 1), 2: (chunk, 1)})
+    monkeypatch.setattr(B, "BWD_SPLIT_CHUNK", {4: (chunk, 1), 2: (chunk, 1)})
+    x = make_x(m, n, torch.float32, "cpu", scale=50.0)
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[torch.float32])
+    dy = torch.randn(m, n)
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
+    assert F.sync_failures("cpu") == 0
+
+
+@cpu_only
+@pytest.mark.parametrize("split", [False, True])
+def test_fwd_strided_rows_cpu(split, poisoned, small_regimes, monkeypatch):
+    if not split:
+        monkeypatch.setattr(F, "ROWS_MAX_N", {4: 16384, 2: 16384})
+        monkeypatch.setattr(B, "BWD_ROWS_MAX_N", 16384)
+    big = make_x(8, 1100, torch.float32, "cpu")
+    x = big[1::2, 37:37 + 1000]  # row stride 2200, offset start: no copy
+    assert x.stride() == (2200, 1)
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[torch.float32])
+
+
+def check_stats(x, m, s):
+    """(m, s) against float64: m is the row max exactly, s = sum(exp(x - m)); empty rows (-inf, 0)."""
+    x64 = x.double()
+    want_m = x64.amax(-1) if x.shape[-1] else torch.full(x.shape[:1], float("-inf"), dtype=torch.float64)
+    assert m.dtype == s.dtype == torch.float32
+    assert torch.equal(m.double().cpu(), want_m.cpu())
+    want_s = torch.exp(x64 - torch.where(torch.isneginf(want_m), 0, want_m)[:, None]).sum(-1)
+    assert rel_err(s, want_s) <= 1e-6
+
+
+def normalize64(x, m, s):
+    """exp(x - m) / s in float64; rows with s = 0 give 0."""
+    m64, s64 = m.double(), s.double()
+    want = torch.exp(x.double() - torch.where(torch.isneginf(m64), 0, m64)[:, None]) / s64[:, None]
+    want[s64 == 0] = 0
+    return want
+
+
+@cpu_only
+@pytest.mark.parametrize("n", [1, 127, 1000])
+def test_normalize_cpu(n, poisoned, small_regimes):
+    x = make_x(4, n, torch.float32, "cpu", scale=30.0)
+    m = x.amax(-1) + torch.randn(4)                   # any statistics near the row's
+    s = torch.rand(4) * n + 0.5
+    m[2], s[2] = float("-inf"), 0.0
+    y = F.normalize(x, m, s)
+    assert rel_err(y, normalize64(x, m, s)) <= 1e-5 and (y[2] == 0).all()
+
+
+@cpu_only
+def test_normalize_large_magnitude_cpu(poisoned):
+    """Normalizing from (m, s) keeps float32 precision at |x| ~ 1e4 (a rounded lse would not)."""
+    x = make_x(3, 1000, torch.float32, "cpu")
+    y = F.normalize(x, *F.row_stats(x))
+    assert rel_err(y, softmax64(x, -1)[0]) <= 1e-6
+
+
+@cpu_only
+def test_empty_shapes_cpu():
+    for shape in [(0, 5), (3, 0), (0, 0)]:
+        x = torch.randn(shape)
+        y, lse = F.softmax_fwd(x)
+        assert y.shape == shape and lse.shape == (shape[0],) and torch.isneginf(lse).all()
+        m, sx = F.row_stats(x)
+        assert m.shape == sx.shape == (shape[0],) and torch.isneginf(m).all() and (sx == 0).all()
+        assert F.normalize(x, torch.zeros(shape[0]), torch.ones(shape[0])).shape == shape
+        assert B.softmax_bwd(x, x).shape == shape
+        assert (B.row_dot(x, x) == 0).all()
+
+
+@cpu_only
+def test_bad_inputs_cpu():
+    with pytest.raises(ValueError):
+        F.softmax_fwd(torch.randn(4, 6).t())          # column stride != 1
+    with pytest.raises(TypeError):
+        F.softmax_fwd(torch.randn(4, 6, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        F.softmax_fwd(torch.randn(2, 3, 4))
+    with pytest.raises(ValueError):
+        F.normalize(torch.randn(4, 6), torch.zeros(5), torch.ones(5))
+    with pytest.raises(ValueError):
+        B.softmax_bwd(torch.randn(4, 6), torch.randn(4, 5))
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [1, 2, 127, 1000, 4097])
+def test_bwd_rows_cpu(n, dtype, poisoned):
+    y, dy = softmax_pair(4, n, dtype, "cpu")
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    delta = B.row_dot(y, dy)
+    assert rel_err(delta, (y.double() * dy.double()).sum(-1)) <= 1e-5
+    given = torch.randn(4)
+    check_bwd(y, dy, B.softmax_bwd(y, dy, given), TOL[dtype], delta=given)
+
+
+@cpu_only
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [127, 1000, 4097])
+def test_bwd_split_cpu(n, dtype, persistent, poisoned, small_regimes, monkeypatch):
+    if persistent:
+        monkeypatch.setattr(F, "INTERPRETER_PERSISTENT", True)
+        monkeypatch.setattr(B, "BWD_SPLIT_CHUNK", {4: (256, 1), 2: (256, 1)})
+    y, dy = softmax_pair(6, n, dtype, "cpu")
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    assert rel_err(B.row_dot(y, dy), (y.double() * dy.double()).sum(-1)) <= 1e-5
+
+
+@cpu_only
+def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
+    y, dy = softmax_pair(6, 300, torch.float32, "cpu")
+    big = torch.randn(6, 400).to(torch.float16)
+    big[:, 50:350] = dy.to(torch.float16)
+    dy = big[:, 50:350]
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float16])
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+GPU_N = [1, 2, 127, 1000, 4097, 16385, 32768, 32769, 65539, 1000003, 16 * 2**20 + 3]
+
+
+def _rows_for(n):
+    return max(2, min(64, 2**25 // n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", GPU_N)
+def test_fwd_gpu(n, dtype, persistent, poisoned, monkeypatch):
+    if not persistent and n <= F.ROWS_MAX_N[torch.finfo(dtype).bits // 8]:
+        pytest.skip("same path")
+    monkeypatch.setattr(F, "PERSISTENT", persistent)
+    monkeypatch.setattr(F, "PERSISTENT_MAX_ROW_BYTES", None)  # persistent at every split N
+    x = make_x(_rows_for(n), n, dtype, "cuda")
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    check_stats(x, *F.row_stats(x))
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m, n", [(300, 40000), (7, 3 * 2**20 + 11), (3, 9 * 2**20)])
+def test_fwd_persistent_shapes_gpu(m, n, dtype, poisoned):
+    """Many rows per program (normalized one row late), rows longer than the grid covers, strided x."""
+    big = make_x(m, n + 64, dtype, "cuda", scale=20.0)
+    x = big[:, 32:32 + n]
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1000, 65539, 1000003])
+def test_normalize_gpu(n, poisoned):
+    x = make_x(8, n, torch.bfloat16, "cuda", scale=30.0)
+    m, sx = F.row_stats(x)
+    check_stats(x, m, sx)
+    y = F.normalize(x, m, sx)
+    assert rel_err(y, softmax64(x, -1)[0]) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [16384, 2**20])
+def test_fwd_64bit_offsets_gpu(n, poisoned):
+    """M * N > 2^31: check the last rows (their offsets need 64 bits) and the first."""
+    m = 2**31 // n + 2
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    y, lse = F.softmax_fwd(x)
+    for rows in (slice(0, 1), slice(m - 2, m)):
+        check_fwd(x[rows], y[rows], lse[rows], TOL[torch.bfloat16])
+    dx = B.softmax_bwd(y, x)
+    for rows in (slice(0, 1), slice(m - 2, m)):
+        check_bwd(y[rows], x[rows], dx[rows], TOL[torch.bfloat16])
+    del x, y, dx
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", GPU_N)
+def test_bwd_gpu(n, dtype, persistent, poisoned, monkeypatch):
+    if not persistent and n <= B.BWD_ROWS_MAX_N:
+        pytest.skip("same path")
+    monkeypatch.setattr(F, "PERSISTENT", persistent)
+    monkeypatch.setattr(B, "BWD_PERSISTENT_MAX_ROW_BYTES", None)  # persistent at every split N
+    y, dy = softmax_pair(_rows_for(n), n, dtype, "cuda")
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    delta = B.row_dot(y, dy)
+    assert rel_err(delta, (y.double() * dy.double()).sum(-1)) <= 1e-5
+    check_bwd(y, dy, B.softmax_bwd(y, dy, delta), TOL[dtype], delta=delta)
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(300, 40000), (3, 9 * 2**20)])
+def test_bwd_persistent_shapes_gpu(m, n, poisoned):
+    y, dy = softmax_pair(m, n + 64, torch.bfloat16, "cuda")
+    y, dy = y[:, 32:32 + n], dy[:, 16:16 + n]
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
+    assert F.sync_failures("cuda") == 0
