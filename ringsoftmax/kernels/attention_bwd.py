@@ -1,0 +1,395 @@
+"""Attention backward for one (query block, key/value block) pair: dQ, dK, dV from the saved lse.
+
+``attention_bwd`` recomputes ``P = exp(q k^T * scale - lse)`` tile by tile from the given ``lse``
+(natural log, float32: for a ring, the lse of the whole row after merging) and
+``delta = rowsum(dout * out)`` (``attention_delta``; a caller that also has a gradient for lse
+passes ``delta - dlse``), then ``dS = P * (dP - delta)``. Two kernels:
+
+- ``_attn_bwd_dkdv_kernel``: one program per ``BLOCK_N`` keys of one K/V head; loops over the query
+  heads of its GQA group and their query tiles, so dK, dV (summed over the group) stay in registers.
+  In the atomic mode (``attention_config.dq_by_atomics``) it also adds dQ = dS K by float32 atomics
+  (5 matmuls per tile pair in all) and the second kernel is not launched.
+- ``_attn_bwd_dq_kernel``: one program per ``BLOCK_M`` queries of one head; loops over key tiles,
+  recomputing QK^T and dO V^T (7 matmuls per tile pair in all, no atomics, deterministic).
+
+Both skip tiles no query sees and mask only tiles that straddle the causal boundary (positions as
+in ``attention_fwd``). Gradients are float32 and are added into caller-given buffers, which may
+be strided views (the ring accumulates dK/dV as they travel).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import attention_config as config
+from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _seq_bounds, check_problem, dot_precision, launch,
+                            unit_last_stride)
+
+
+# ----------------------------------------------------------------------------- delta = rowsum(dout * out)
+@triton.jit(do_not_specialize=["S"])
+def _delta_kernel(O, DO, Delta, stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
+                  stride_eb, stride_eh, stride_es, S, H,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D_PAD)
+    mask = (rows < S)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    o = tl.load(O + b * stride_ob + r64 * stride_os + h * stride_oh + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_db + r64 * stride_ds + h * stride_dh + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + b * stride_eb + h * stride_eh + rows * stride_es, delta, mask=rows < S)
+
+
+def attention_delta(out, dout):
+    """``rowsum(dout * out)`` in float32: (B, Sq, H, D) -> (B, H, Sq), or packed (Tq, H, D) -> (H, Tq)."""
+    if out.shape != dout.shape:
+        raise ValueError(f"out {tuple(out.shape)} and dout {tuple(dout.shape)} differ")
+    if out.dim() not in (3, 4):
+        raise ValueError(f"out must be (B, S, H, D) or (T, H, D), got {tuple(out.shape)}")
+    for name, x in (("out", out), ("dout", dout)):
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"{name}.dtype is {x.dtype}; expected float16, bfloat16 or float32")
+    out, dout = unit_last_stride(out), unit_last_stride(dout)
+    packed = out.dim() == 3
+    o4, do4 = (out.unsqueeze(0), dout.unsqueeze(0)) if packed else (out, dout)
+    B, S, H, D = o4.shape
+    delta = torch.empty((B, H, S), dtype=torch.float32, device=out.device)
+    if delta.numel():
+        d_pad = max(16, triton.next_power_of_2(D))
+        block_s = max(1, min(128, 8192 // d_pad))
+        _delta_kernel[(triton.cdiv(S, block_s), B * H)](
+            o4, do4, delta, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
+            *delta.stride(), S, H, HEAD_DIM=D, D_PAD=d_pad, BLOCK_S=block_s, num_warps=4)
+    return delta[0] if packed else delta
+
+
+# ----------------------------------------------------------------------------- dK, dV
+@triton.jit
+def _dkdv_steps(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qs, stride_ds, stride_ls, stride_es, stride_dqs, lo, hi,
+                Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale, offs_m, offs_d,
+                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                CHECK_ROWS: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV of one key tile over query tiles [lo, hi) of one head (transposed: (N, M)).
+
+    CAUSAL_MASK: the tiles straddle the causal boundary. CHECK_ROWS: the tiles may run past Sq
+    (else every row is in range and the loads are unmasked). With DQ_ATOMIC, also add this key
+    tile's share of dQ = dS K * scale into DQ (float32) by atomics.
+    """
+    q_tile = offs_m[:, None] * stride_qs + offs_d[None, :]
+    do_tile = offs_m[:, None] * stride_ds + offs_d[None, :]
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        rows = start_m + offs_m
+        row_ok = rows < Sq
+        q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, rows, Sq, offs_d, HEAD_DIM, D_PAD, CHECK_ROWS)
+        # rows past the end, or with no mass anywhere (lse = -inf), get lse = +inf, hence P = 0
+        if CHECK_ROWS:
+            lse = tl.load(Lse + rows * stride_ls, mask=row_ok, other=float("inf"))
+            delta = tl.load(Delta + rows * stride_es, mask=row_ok, other=0.0)
+        else:
+            lse = tl.load(Lse + rows * stride_ls)
+            delta = tl.load(Delta + rows * stride_es)
+        lse = lse * 1.4426950408889634
+        lse = tl.where(lse == float("-inf"), float("inf"), lse)
+        # recompute P^T for this tile
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])
+        if CAUSAL_MASK:
+            p_t = tl.where(k_pos[:, None] <= (q_offset + rows * q_stride)[None, :], p_t, 0.0)
+        do = _load_rows(DO + start_m.to(tl.int64) * stride_ds + do_tile, rows, Sq, offs_d, HEAD_DIM, D_PAD,
+                        CHECK_ROWS)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+        # dS^T = P^T * (dP^T - delta)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk += tl.dot(ds_t, q, input_precision=DOT_PRECISION)
+        if DQ_ATOMIC:
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
+            dq_ptrs = DQ + rows.to(tl.int64)[:, None] * stride_dqs + offs_d[None, :]
+            tl.atomic_add(dq_ptrs, dq, mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :], sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _add_store(Ptr, x, rows, n_rows, row_stride, offs_d, HEAD_DIM: tl.constexpr, ACCUMULATE: tl.constexpr):
+    """Store (or add, if ACCUMULATE) a float32 (rows, D_PAD) tile into rows < n_rows, columns < HEAD_DIM."""
+    ptrs = Ptr + rows.to(tl.int64)[:, None] * row_stride + offs_d[None, :]
+    mask = (rows < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    if ACCUMULATE:
+        x += tl.load(ptrs, mask=mask, other=0.0)
+    tl.store(ptrs, x, mask=mask)
+
+
+@triton.jit(do_not_specialize=["Sq", "Sk", "q_offset", "k_offset"])
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
+                          stride_qb, stride_qs, stride_qh,
+                          stride_kb, stride_ks, stride_kh,
+                          stride_vb, stride_vs, stride_vh,
+                          stride_db, stride_ds, stride_dh,
+                          stride_lb, stride_lh, stride_ls,
+                          stride_eb, stride_eh, stride_es,
+                          stride_dkb, stride_dks, stride_dkh,
+                          stride_dvb, stride_dvs, stride_dvh,
+                          stride_dqb, stride_dqs, stride_dqh,
+                          Sq, Sk, KV_HEADS, GROUP, q_offset, q_stride, k_offset, k_stride, qk_scale, softmax_scale,
+                          HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ACCUMULATE: tl.constexpr,
+                          DQ_ATOMIC: tl.constexpr, SPLIT_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # which key tile, batch (or sequence) and K/V head
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // KV_HEADS
+    hk = pid_bh % KV_HEADS
+    q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
+    k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
+    start_n = pid_n * BLOCK_N
+    if start_n >= Sk:
+        return
+    b64 = b.to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    k_pos = k_offset + offs_n * k_stride
+
+    # this tile's K and V stay on chip for the whole loop
+    k_row0 = k_start.to(tl.int64) + start_n
+    k = _load_rows(K + b64 * stride_kb + k_row0 * stride_ks + hk * stride_kh
+                   + tl.arange(0, BLOCK_N)[:, None] * stride_ks + offs_d[None, :], offs_n, Sk, offs_d,
+                   HEAD_DIM, D_PAD, True)
+    v = _load_rows(V + b64 * stride_vb + k_row0 * stride_vs + hk * stride_vh
+                   + tl.arange(0, BLOCK_N)[:, None] * stride_vs + offs_d[None, :], offs_n, Sk, offs_d,
+                   HEAD_DIM, D_PAD, True)
+    dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+    dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+
+    # query ranges: [m_lo, m_mid) straddles the causal boundary (masked), [m_mid, Sq) sees every key;
+    # with SPLIT_TAIL, whole tiles up to m_end load without row checks, then the last partial tile
+    if CAUSAL:
+        last_col = tl.minimum(start_n + BLOCK_N, Sk) - 1
+        pos_first = k_offset + start_n * k_stride
+        pos_last = k_offset + last_col * k_stride
+        # first query row whose position is >= a key position p: ceil((p - q_offset) / q_stride)
+        m_any = tl.minimum(tl.maximum(pos_first - q_offset + q_stride - 1, 0) // q_stride, Sq)
+        m_all = tl.minimum(tl.maximum(pos_last - q_offset + q_stride - 1, 0) // q_stride, Sq)
+        m_lo = (m_any // BLOCK_M) * BLOCK_M
+        m_mid = tl.cdiv(m_all, BLOCK_M) * BLOCK_M
+    else:
+        m_lo = 0
+        m_mid = 0
+    if SPLIT_TAIL:
+        m_end = tl.maximum((Sq // BLOCK_M) * BLOCK_M, m_mid)
+    else:
+        m_end = m_mid
+
+    # every query head of the GQA group adds into the same dK, dV
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        Qh = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
+        DOh = DO + b64 * stride_db + q_start.to(tl.int64) * stride_ds + h * stride_dh
+        Lh = Lse + b64 * stride_lb + h * stride_lh + q_start * stride_ls
+        Eh = Delta + b64 * stride_eb + h * stride_eh + q_start * stride_es
+        DQh = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqs + h * stride_dqh
+        dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es, stride_dqs,
+                             m_lo, m_mid, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale, offs_m, offs_d,
+                             HEAD_DIM, D_PAD, BLOCK_M, True, True, DQ_ATOMIC, DOT_PRECISION)
+        if SPLIT_TAIL:
+            dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es,
+                                 stride_dqs, m_mid, m_end, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale,
+                                 offs_m, offs_d, HEAD_DIM, D_PAD, BLOCK_M, False, False, DQ_ATOMIC, DOT_PRECISION)
+        dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es, stride_dqs,
+                             m_end, Sq, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale, offs_m, offs_d,
+                             HEAD_DIM, D_PAD, BLOCK_M, False, True, DQ_ATOMIC, DOT_PRECISION)
+
+    # write back (dK carries the softmax scale of dS q)
+    _add_store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dks + hk * stride_dkh, dk * softmax_scale,
+               offs_n, Sk, stride_dks, offs_d, HEAD_DIM, ACCUMULATE)
+    _add_store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvs + hk * stride_dvh, dv,
+               offs_n, Sk, stride_dvs, offs_d, HEAD_DIM, ACCUMULATE)
+
+
+# ----------------------------------------------------------------------------- dQ
+@triton.jit
+def _dq_steps(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset, k_stride, qk_scale,
+              offs_n, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dQ of one query tile over key tiles [lo, hi)."""
+    k_tile = offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_tile = offs_n[:, None] * stride_vs + offs_d[None, :]
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+        v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+        # recompute P for this tile
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.math.exp2(s * qk_scale - lse[:, None])
+        if MASKED:
+            visible = (cols < Sk)[None, :]
+            if CAUSAL:
+                visible = visible & ((k_offset + cols * k_stride)[None, :] <= q_pos[:, None])
+            p = tl.where(visible, p, 0.0)
+        # dS = P * (dP - delta); dQ += dS K
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit(do_not_specialize=["Sq", "Sk", "q_offset", "k_offset"])
+def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, CuQ, CuK,
+                        stride_qb, stride_qs, stride_qh,
+                        stride_kb, stride_ks, stride_kh,
+                        stride_vb, stride_vs, stride_vh,
+                        stride_db, stride_ds, stride_dh,
+                        stride_lb, stride_lh, stride_ls,
+                        stride_eb, stride_eh, stride_es,
+                        stride_dqb, stride_dqs, stride_dqh,
+                        Sq, Sk, H, GROUP, q_offset, q_stride, k_offset, k_stride, qk_scale, softmax_scale,
+                        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ACCUMULATE: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr):
+    # which query tile, batch (or sequence) and head; causal: heaviest tiles first
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
+    k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
+    start_m = pid_m * BLOCK_M
+    if start_m >= Sq:
+        return
+    b64 = b.to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    row_ok = offs_m < Sq
+    q_pos = q_offset + offs_m * q_stride
+
+    # this tile's q, dout, lse and delta stay on chip for the whole loop
+    q_row0 = q_start.to(tl.int64) + start_m
+    q = _load_rows(Q + b64 * stride_qb + q_row0 * stride_qs + h * stride_qh
+                   + tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :], offs_m, Sq, offs_d,
+                   HEAD_DIM, D_PAD, True)
+    do = _load_rows(DO + b64 * stride_db + q_row0 * stride_ds + h * stride_dh
+                    + tl.arange(0, BLOCK_M)[:, None] * stride_ds + offs_d[None, :], offs_m, Sq, offs_d,
+                    HEAD_DIM, D_PAD, True)
+    lse = tl.load(Lse + b64 * stride_lb + h * stride_lh + (q_start + offs_m) * stride_ls, mask=row_ok,
+                  other=float("inf")) * 1.4426950408889634
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    delta = tl.load(Delta + b64 * stride_eb + h * stride_eh + (q_start + offs_m) * stride_es, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+
+    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped
+    Kh = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + (h // GROUP) * stride_kh
+    Vh = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vs + (h // GROUP) * stride_vh
+    full_end, hi = _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_steps(dq, q, do, lse, delta, Kh, Vh, stride_ks, stride_vs, 0, full_end, Sk, q_pos, k_offset, k_stride,
+                   qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, False, CAUSAL, DOT_PRECISION)
+    dq = _dq_steps(dq, q, do, lse, delta, Kh, Vh, stride_ks, stride_vs, full_end, hi, Sk, q_pos, k_offset, k_stride,
+                   qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+
+    # write back (dQ carries the softmax scale of dS k)
+    _add_store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqs + h * stride_dqh, dq * softmax_scale,
+               offs_m, Sq, stride_dqs, offs_d, HEAD_DIM, ACCUMULATE)
+
+
+# ----------------------------------------------------------------------------- host side
+def _grad_buffer(buf, like: torch.Tensor, name: str, zero: bool = False) -> tuple[torch.Tensor, bool]:
+    """(buffer, accumulate): the caller's float32 buffer shaped like ``like``, or a new one (zeroed
+    if ``zero``: atomics add into it)."""
+    if buf is None:
+        alloc = torch.zeros if zero else torch.empty
+        return alloc(like.shape, dtype=torch.float32, device=like.device), zero
+    if buf.dtype != torch.float32 or buf.shape != like.shape or buf.device != like.device:
+        raise ValueError(f"{name} must be float32 of shape {tuple(like.shape)} on {like.device}, got "
+                         f"{buf.dtype} {tuple(buf.shape)} on {buf.device}")
+    if buf.stride(-1) != 1:
+        raise ValueError(f"{name} must have a unit last stride (it is written in place), got {buf.stride()}")
+    return buf, True
+
+
+def _check_rows(name: str, x: torch.Tensor, shape: tuple) -> None:
+    if x.dtype != torch.float32 or tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must be float32 of shape {tuple(shape)}, got {x.dtype} {tuple(x.shape)}")
+
+
+def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False, q_offset=0, q_stride=1,
+                  k_offset=0, k_stride=1, dq=None, dk=None, dv=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                  max_seqlen_q=None, max_seqlen_k=None):
+    """Gradients of one (query block, key/value block) pair, recomputing P from ``lse``.
+
+    Args:
+        q, k, v, masks, varlen arguments: as in ``attention_fwd``.
+        out: the forward output (kept for the contract; the kernels read ``delta`` instead).
+        dout: gradient of ``out``, shaped like q, any float dtype of the three.
+        lse: float32 natural-log lse of the full rows, (B, H, Sq) or (H, Tq).
+        delta: float32 ``rowsum(dout * out)`` (``attention_delta``), shaped like lse; pass
+            ``delta - dlse`` to also propagate a gradient of lse.
+        dq, dk, dv: optional float32 buffers shaped like q, k, v (strided views allowed) that the
+            gradients are ADDED into; new buffers when None.
+
+    Returns:
+        (dq, dk, dv): float32, shaped like q, k, v; dk/dv at the K/V head count (summed over the
+        query heads of each GQA group).
+    """
+    q, k, v, dout = (unit_last_stride(x) for x in (q, k, v, dout))
+    prob = check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if dout.shape != q.shape:
+        raise ValueError(f"dout {tuple(dout.shape)} must be shaped like q {tuple(q.shape)}")
+    rows_shape = (prob.heads, q.shape[0]) if prob.varlen else (prob.batch, prob.heads, prob.max_q)
+    _check_rows("lse", lse, rows_shape)
+    _check_rows("delta", delta, rows_shape)
+    causal = bool(causal)
+    atomic = config.dq_by_atomics(q.device, prob.d_pad, q.dtype, causal)
+    split_tail = config.dkdv_split_tail(q.device, prob.d_pad, q.dtype, causal)
+    dq, acc_q = _grad_buffer(dq, q, "dq", zero=atomic)
+    dk, acc_k = _grad_buffer(dk, k, "dk")
+    dv, acc_v = _grad_buffer(dv, v, "dv")
+    if acc_k != acc_v:  # one kernel writes both: give it the same mode
+        (dv if acc_k else dk).zero_()
+        acc_k = acc_v = True
+    if prob.batch == 0 or prob.heads == 0:
+        return dq, dk, dv
+    if prob.max_k == 0 or prob.max_q == 0:  # nothing to attend: the gradients are zero
+        for buf, acc in ((dq, acc_q), (dk, acc_k), (dv, acc_v)):
+            if not acc:
+                buf.zero_()
+        return dq, dk, dv
+
+    rows_strides = (lambda x: (0, *x.stride())) if prob.varlen else (lambda x: x.stride())
+    cu_q, cu_k = prob.cu_args(q.device)
+    common = (*prob.strides(q), *prob.strides(k), *prob.strides(v), *prob.strides(dout), *rows_strides(lse),
+              *rows_strides(delta))
+    scalars = (int(q_offset), int(q_stride), int(k_offset), int(k_stride), float(softmax_scale) * LOG2E,
+               float(softmax_scale))
+    kwargs = dict(HEAD_DIM=prob.head_dim, D_PAD=prob.d_pad, CAUSAL=causal, VARLEN=prob.varlen,
+                  DOT_PRECISION=dot_precision(q.dtype))
+    key = (q.device.type, prob.d_pad, q.dtype, causal)
+    group = prob.heads // prob.kv_heads
+
+    # dK, dV (and, by atomics, dQ) per key tile
+    tile = config.tile_for("dkdv", q.device, prob.d_pad, q.dtype, causal)
+    launch(_attn_bwd_dkdv_kernel, lambda t: (triton.cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads),
+           (q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k, *common, *prob.strides(dk), *prob.strides(dv),
+            *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars),
+           dict(kwargs, ACCUMULATE=acc_k, DQ_ATOMIC=atomic, SPLIT_TAIL=split_tail), tile,
+           ("dkdv", atomic, split_tail) + key)
+    if atomic:
+        return dq, dk, dv
+
+    # dQ per query tile
+    tile = config.tile_for("dq", q.device, prob.d_pad, q.dtype, causal)
+    launch(_attn_bwd_dq_kernel, lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads),
+           (q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, *prob.strides(dq),
+            prob.max_q, prob.max_k, prob.heads, group, *scalars),
+           dict(kwargs, ACCUMULATE=acc_q), tile, ("dq",) + key)
+    return dq, dk, dv

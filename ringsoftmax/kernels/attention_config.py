@@ -1,0 +1,132 @@
+"""Launch configurations for the attention kernels: a small per-device table.
+
+A configuration is a `Tile`: how many query rows (``block_m``) and key rows (``block_n``) one step
+of a kernel handles, with Triton's ``num_warps`` and ``num_stages``. The table is keyed on what
+stays the same from one ring step to the next (GPU generation, padded head dim, dtype, causal),
+never on sequence lengths, so a ring of many steps compiles each kernel once.
+
+Three kernels read the table:
+
+- ``fwd``:  one program per ``block_m`` query rows, looping over keys ``block_n`` at a time;
+- ``dkdv``: one program per ``block_n`` key rows, looping over queries ``block_m`` at a time;
+- ``dq``:   one program per ``block_m`` query rows, looping over keys ``block_n`` at a time.
+
+The backward computes dQ either in its own kernel (``dq``: recomputes QK^T and dO V^T, 7 matmuls
+in all) or inside the dK/dV kernel with float32 atomic adds (5 matmuls, order of the additions not
+fixed); ``dq_by_atomics`` says which. ``dkdv_split_tail`` says whether the dK/dV kernel gives the
+last partial query tile a loop of its own, so that the main loop loads without row checks.
+
+Benchmarks try other settings with ``override(fwd=..., dkdv=..., dq=..., dq_atomic=...,
+dkdv_split_tail=...)``. A tile that does not fit the device's shared memory falls back to
+``FALLBACK`` (see ``attention_fwd.launch``).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Tiles for Hopper (sm_90), bfloat16/float16, timed on an H200 at B*S = 32K tokens, 16 heads
+# (.notes/attention.md, benchmarks/logs/). Key: (kernel, padded head dim) -> Tile, or
+# {causal: Tile} where causal and full attention prefer different tiles. float32 inputs use the
+# exact (FMA) dot and small tiles.
+_SM90_16BIT = {
+    ("fwd", 64): Tile(128, 64, 8, 3),
+    ("fwd", 128): Tile(128, 128, 8, 3),
+    ("fwd", 256): Tile(64, 64, 8, 2),
+    ("dkdv", 64): Tile(32, 64, 4, 3),
+    ("dkdv", 128): Tile(64, 128, 8, 3),
+    ("dkdv", 256): Tile(16, 64, 8, 2),
+    ("dq", 64): {False: Tile(128, 64, 8, 3), True: Tile(64, 64, 4, 3)},
+    ("dq", 128): Tile(128, 128, 8, 2),
+    ("dq", 256): Tile(64, 32, 8, 2),
+}
+
+# Other CUDA GPUs (Ampere, Ada, ...) and any head dim not above: conservative tiles.
+_GENERIC_16BIT = {
+    "fwd": Tile(64, 64, 4, 2),
+    "dkdv": Tile(32, 64, 4, 2),
+    "dq": Tile(64, 32, 4, 2),
+}
+_FP32 = Tile(32, 32, 4, 1)
+# TRITON_INTERPRET=1 on CPU tensors: small tiles, so tiny test shapes still span several tiles.
+_INTERPRETER = Tile(16, 16, 4, 1)
+
+# Tried in order when a tile needs more shared memory than the device has.
+FALLBACK = (Tile(64, 64, 4, 2), Tile(64, 32, 4, 1), Tile(32, 32, 4, 1), Tile(16, 16, 4, 1))
+
+# Padded head dims for which Hopper computes dQ by atomics in the dK/dV kernel (off: at D=128 it
+# gained ~3% on an H200, at D=64 it lost; the separate dQ kernel is deterministic).
+_SM90_DQ_ATOMIC: set[int] = set()
+# Padded head dims for which the dK/dV kernel loads whole query tiles without row checks and
+# handles the last partial tile in a loop of its own (more code and shared memory, fewer
+# predicates): 8-19% faster backward on an H200 at D=64 and 128 (D=256 not measured).
+_SM90_DKDV_SPLIT_TAIL: set[int] = {64, 128}
+
+_OVERRIDE: dict = {}
+
+
+def tile_for(kernel: str, device: torch.device, head_dim_pad: int, dtype: torch.dtype,
+             causal: bool) -> Tile:
+    """The tile for ``kernel`` ("fwd", "dkdv" or "dq") on ``device``.
+
+    ``head_dim_pad`` is the head dim rounded up to a power of two (>= 16); head dims below 64 use
+    the 64 entry. ``causal`` is part of the key so that causal and full attention can be tuned apart.
+    """
+    if kernel in _OVERRIDE:
+        return _OVERRIDE[kernel]
+    if device.type != "cuda":
+        return _INTERPRETER
+    if dtype == torch.float32:
+        return _FP32
+    major, _ = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return _GENERIC_16BIT[kernel]
+    entry = _SM90_16BIT.get((kernel, max(head_dim_pad, 64)), _GENERIC_16BIT[kernel])
+    return entry[bool(causal)] if isinstance(entry, dict) else entry
+
+
+def dq_by_atomics(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the backward adds dQ by atomics inside the dK/dV kernel (else: a separate dQ kernel)."""
+    if "dq_atomic" in _OVERRIDE:
+        return bool(_OVERRIDE["dq_atomic"])
+    if device.type != "cuda" or dtype == torch.float32:
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major == 9 and head_dim_pad in _SM90_DQ_ATOMIC
+
+
+def dkdv_split_tail(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the dK/dV kernel splits off the last partial query tile (unmasked loads before it)."""
+    if "dkdv_split_tail" in _OVERRIDE:
+        return bool(_OVERRIDE["dkdv_split_tail"])
+    if device.type != "cuda" or dtype == torch.float32:
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major == 9 and head_dim_pad in _SM90_DKDV_SPLIT_TAIL
+
+
+@contextlib.contextmanager
+def override(**tiles):
+    """Use the given tiles (``fwd=``, ``dkdv=``, ``dq=``: Tile) or backward modes (``dq_atomic=``,
+    ``dkdv_split_tail=``: bool) instead of the table, e.g. to tune or to test every mode."""
+    unknown = set(tiles) - {"fwd", "dkdv", "dq", "dq_atomic", "dkdv_split_tail"}
+    if unknown:
+        raise ValueError(f"unknown kernels {sorted(unknown)}")
+    saved = dict(_OVERRIDE)
+    _OVERRIDE.update(tiles)
+    try:
+        yield
+    finally:
+        _OVERRIDE.clear()
+        _OVERRIDE.update(saved)

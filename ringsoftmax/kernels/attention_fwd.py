@@ -1,0 +1,341 @@
+"""Attention forward for one (query block, key/value block) pair: returns ``(out, lse)``.
+
+``attention_fwd(q, k, v, ...)`` computes ``out = softmax(q k^T * scale + mask) v`` and
+``lse = logsumexp(q k^T * scale + mask)`` (natural log, float32) for one block pair, the unit the
+ring merges. Masks come from global token positions: query ``i`` sits at ``q_offset + i*q_stride``
+and key ``j`` at ``k_offset + j*k_stride``; with ``causal`` a key is visible iff its position is
+<= the query's. Each program takes ``BLOCK_M`` query rows of one head and walks the keys in three
+ranges computed from those positions: tiles every row sees (no mask), tiles some rows see (masked)
+and tiles no row sees (skipped). A row with no visible key gets ``out = 0`` and ``lse = -inf``.
+
+Layouts: dense ``q (B, Sq, H, D)``, ``k, v (B, Sk, Hkv, D)`` with ``H % Hkv == 0`` (GQA reads the
+shared K/V head, never a copy), any strides with unit last stride; or packed variable-length
+``q (Tq, H, D)``, ``k, v (Tk, Hkv, D)`` with ``cu_seqlens`` (positions restart at 0 in each
+sequence). The helpers ``_key_ranges``, ``_load_rows`` and ``_Problem`` are shared with
+``attention_bwd.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from . import attention_config as config
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+# ----------------------------------------------------------------------------- shared jit helpers
+@triton.jit
+def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+               CHECK_ROWS: tl.constexpr):
+    """Load a (rows, D_PAD) tile; rows >= n_rows (if CHECK_ROWS) and columns >= HEAD_DIM read 0."""
+    if CHECK_ROWS:
+        if D_PAD == HEAD_DIM:
+            x = tl.load(ptrs, mask=(rows < n_rows)[:, None], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    else:
+        if D_PAD == HEAD_DIM:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key ranges for query rows [start_m, start_m + BLOCK_M): ([0, full_end) unmasked, [full_end, hi) masked).
+
+    ``full_end`` is a multiple of BLOCK_N; keys >= hi are invisible to every row of the tile.
+    """
+    if CAUSAL:
+        last_row = tl.minimum(start_m + BLOCK_M, Sq) - 1
+        pos_first = q_offset + start_m * q_stride
+        pos_last = q_offset + last_row * q_stride
+        # key j is visible to position p iff k_offset + j*k_stride <= p, i.e. j < (p - k_offset)//k_stride + 1
+        n_all = tl.minimum(tl.maximum(pos_first - k_offset + k_stride, 0) // k_stride, Sk)
+        hi = tl.minimum(tl.maximum(pos_last - k_offset + k_stride, 0) // k_stride, Sk)
+    else:
+        n_all = Sk
+        hi = Sk
+    full_end = (n_all // BLOCK_N) * BLOCK_N
+    return full_end, hi
+
+
+@triton.jit
+def _seq_bounds(Cu, seq, n_dense, VARLEN: tl.constexpr):
+    """(first token, length) of sequence ``seq``: from cu_seqlens if VARLEN, else (0, n_dense)."""
+    if VARLEN:
+        start = tl.load(Cu + seq)
+        n = tl.load(Cu + seq + 1) - start
+    else:
+        start = seq * 0
+        n = n_dense
+    return start, n
+
+
+# ----------------------------------------------------------------------------- forward kernel
+@triton.jit
+def _fwd_steps(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset, k_stride,
+               qk_scale, offs_n, offs_d,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online-softmax steps over key tiles [lo, hi); scores in log2 units (scale includes log2 e)."""
+    k_tile = offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_tile = offs_n[:, None] * stride_vs + offs_d[None, :]
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        # load the K tile and score it
+        k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if MASKED:
+            # straddling tile: hide keys past the end and, if causal, keys after the query
+            visible = (cols < Sk)[None, :]
+            if CAUSAL:
+                visible = visible & ((k_offset + cols * k_stride)[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # rows with nothing visible yet keep m = -inf; subtract 0 for them so p = 0, not NaN
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_sub[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_sub = m_new
+            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        # rescale the running sums to the new maximum, then add this tile
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["Sq", "Sk", "q_offset", "k_offset"])
+def _attn_fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK,
+                     stride_qb, stride_qs, stride_qh,
+                     stride_kb, stride_ks, stride_kh,
+                     stride_vb, stride_vs, stride_vh,
+                     stride_ob, stride_os, stride_oh,
+                     stride_lb, stride_lh, stride_ls,
+                     Sq, Sk, H, GROUP, q_offset, q_stride, k_offset, k_stride, qk_scale,
+                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # which query tile, batch (or sequence) and head; causal: heaviest tiles first
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
+    k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
+    start_m = pid_m * BLOCK_M
+    if start_m >= Sq:
+        return
+
+    # base pointers of this (batch, head); K/V of the group's shared head
+    b64 = b.to(tl.int64)
+    Q += b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
+    K += b64 * stride_kb + k_start.to(tl.int64) * stride_ks + (h // GROUP) * stride_kh
+    V += b64 * stride_vb + k_start.to(tl.int64) * stride_vs + (h // GROUP) * stride_vh
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    q_pos = q_offset + offs_m * q_stride
+
+    # the query tile stays in registers/shared memory for the whole loop
+    q_tile = tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :]
+    q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, offs_m, Sq, offs_d, HEAD_DIM, D_PAD, True)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+
+    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped
+    full_end, hi = _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, 0, full_end, Sk, q_pos, k_offset,
+                               k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, False, CAUSAL,
+                               DOT_PRECISION)
+    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, full_end, hi, Sk, q_pos, k_offset,
+                               k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, True, CAUSAL,
+                               DOT_PRECISION)
+
+    # epilogue: normalize; rows that saw no key get out = 0, lse = -inf
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    row_ok = offs_m < Sq
+    o_ptrs = (Out + b64 * stride_ob + (q_start + offs_m).to(tl.int64)[:, None] * stride_os + h * stride_oh
+              + offs_d[None, :])
+    if D_PAD == HEAD_DIM:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+    tl.store(Lse + b64 * stride_lb + h * stride_lh + (q_start + offs_m) * stride_ls, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------- host side
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass
+class _Problem:
+    """Shapes of one attention call, dense or packed varlen, in the form the kernels take."""
+    batch: int        # B, or the number of sequences
+    max_q: int        # Sq, or the longest query sequence
+    max_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    d_pad: int
+    varlen: bool
+    cu_q: torch.Tensor | None
+    cu_k: torch.Tensor | None
+
+    def strides(self, x: torch.Tensor) -> tuple[int, int, int]:
+        """(batch, token, head) strides of a q/k/v-shaped tensor; batch stride 0 when packed."""
+        if self.varlen:
+            return 0, x.stride(0), x.stride(1)
+        return x.stride(0), x.stride(1), x.stride(2)
+
+    def cu_args(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.varlen:
+            return self.cu_q, self.cu_k
+        dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        return dummy, dummy
+
+
+def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself if its last dim is contiguous, else a contiguous copy (inputs only)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k) -> _Problem:
+    """Validate q/k/v (dense or varlen) and describe the problem; raises on anything unsupported."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in _DTYPES:
+            raise TypeError(f"{name}.dtype is {x.dtype}; the Triton attention kernels take float16, bfloat16 "
+                            f"or float32 (use ringsoftmax.reference for float64)")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, q on {q.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if int(q_stride) < 1 or int(k_stride) < 1:
+        raise ValueError(f"q_stride and k_stride must be >= 1, got {q_stride}, {k_stride}")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    want_dim = 3 if varlen else 4
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != want_dim:
+            layout = "(total_tokens, heads, head_dim) with cu_seqlens" if varlen else "(batch, seqlen, heads, head_dim)"
+            raise ValueError(f"{name} must be {layout}, got shape {tuple(x.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    heads, kv_heads, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"q head_dim {head_dim} != k head_dim {k.shape[-1]}")
+    if head_dim > 256 or head_dim < 1:
+        raise ValueError(f"head_dim must be in 1..256, got {head_dim}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    if not varlen:
+        if q.shape[0] != k.shape[0]:
+            raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+        return _Problem(q.shape[0], q.shape[1], k.shape[1], heads, kv_heads, head_dim, d_pad, False, None, None)
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2 or cu.device != q.device:
+            raise ValueError(f"{name} must be int32 of shape (nseq + 1,) on {q.device}, got "
+                             f"{cu.dtype} {tuple(cu.shape)} on {cu.device}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError("cu_seqlens_q and cu_seqlens_k hold different numbers of sequences")
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    if max_seqlen_k is None:
+        max_seqlen_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
+    return _Problem(cu_seqlens_q.numel() - 1, int(max_seqlen_q), int(max_seqlen_k), heads, kv_heads, head_dim,
+                    d_pad, True, cu_seqlens_q, cu_seqlens_k)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 inputs use exact fp32 products; 16-bit inputs ignore the setting."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+_FALLBACK_CHOICE: dict[tuple, config.Tile] = {}
+
+
+def launch(kernel, grid, args: tuple, kwargs: dict, tile: config.Tile, key: tuple) -> None:
+    """Launch ``kernel`` with ``tile``; if it needs more shared memory than the device has, try
+    ``config.FALLBACK`` in order and remember the first that fits for ``key``."""
+    first = _FALLBACK_CHOICE.get(key + (tile,), tile)
+    for t in (first,) + tuple(f for f in config.FALLBACK if f != first):
+        try:
+            kernel[grid(t)](*args, **kwargs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                            num_warps=t.num_warps, num_stages=t.num_stages)
+        except OutOfResources:
+            continue
+        _FALLBACK_CHOICE[key + (tile,)] = t
+        return
+    raise RuntimeError(f"no attention tile fits the shared memory of {args[0].device} for {key}")
+
+
+def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=1, k_offset=0, k_stride=1,
+                  out_dtype=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    """Attention of one (query block, key/value block) pair, masked by global positions.
+
+    Args:
+        q: (B, Sq, H, D), or (Tq, H, D) packed with ``cu_seqlens_q``; float16/bfloat16/float32.
+        k, v: (B, Sk, Hkv, D), or (Tk, Hkv, D) packed; same dtype; ``H % Hkv == 0``.
+        softmax_scale: multiplies the scores q.k.
+        causal: key j visible to query i iff ``k_offset + j*k_stride <= q_offset + i*q_stride``.
+        q_offset, q_stride, k_offset, k_stride: global positions of the rows (within each sequence
+            when packed; positions restart at 0 per sequence).
+        out_dtype: dtype of ``out`` (default q.dtype; the ring asks for float32).
+        cu_seqlens_q, cu_seqlens_k: int32 (nseq + 1,) cumulative lengths (varlen); tokens of
+            different sequences never attend to each other.
+        max_seqlen_q, max_seqlen_k: longest sequences (computed, with a sync, when omitted).
+
+    Returns:
+        out: new contiguous tensor shaped like q, in ``out_dtype``; 0 for rows with no visible key.
+        lse: float32 natural-log logsumexp of the scaled scores, (B, H, Sq) or (H, Tq); -inf for
+            rows with no visible key.
+    """
+    q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
+    prob = check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k)
+    out_dtype = q.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _DTYPES:
+        raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    if prob.varlen:
+        lse = torch.empty((prob.heads, q.shape[0]), dtype=torch.float32, device=q.device)
+        lse_strides = (0, lse.stride(0), lse.stride(1))
+    else:
+        lse = torch.empty((prob.batch, prob.heads, prob.max_q), dtype=torch.float32, device=q.device)
+        lse_strides = lse.stride()
+    if q.numel() == 0 or prob.batch == 0 or prob.max_q == 0:
+        return out, lse
+    tile = config.tile_for("fwd", q.device, prob.d_pad, q.dtype, bool(causal))
+    cu_q, cu_k = prob.cu_args(q.device)
+    args = (q, k, v, out, lse, cu_q, cu_k, *prob.strides(q), *prob.strides(k), *prob.strides(v),
+            *prob.strides(out), *lse_strides, prob.max_q, prob.max_k, prob.heads, prob.heads // prob.kv_heads,
+            int(q_offset), int(q_stride), int(k_offset), int(k_stride), float(softmax_scale) * LOG2E)
+    kwargs = dict(HEAD_DIM=prob.head_dim, D_PAD=prob.d_pad, CAUSAL=bool(causal), VARLEN=prob.varlen,
+                  DOT_PRECISION=dot_precision(q.dtype))
+    grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
+    launch(_attn_fwd_kernel, grid, args, kwargs, tile, ("fwd", q.device.type, prob.d_pad, q.dtype, bool(causal)))
+    return out, lse

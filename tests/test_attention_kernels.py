@@ -1,0 +1,338 @@
+"""The Triton attention block kernels (forward, delta, backward) against float64 attention.
+
+CPU tests run the kernels under TRITON_INTERPRET=1 at tiny shapes (float16/float32; the
+interpreter's bfloat16 dot is broken in triton 3.9). GPU tests (``-m gpu``) cover bfloat16/float16,
+head dims 64/96/128/256, GQA 1/2/4/8, every kind of mask a ring step makes, and varlen batches.
+The oracle below is written here, in float64 with explicit position masks, and its gradients come
+from autograd; inputs are fresh random draws for every case.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # must precede the first import of triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from ringsoftmax.kernels import attention_config  # noqa: E402
+from ringsoftmax.kernels.attention_bwd import attention_bwd, attention_delta  # noqa: E402
+from ringsoftmax.kernels.attention_fwd import attention_fwd  # noqa: E402
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ----------------------------------------------------------------------------- float64 oracle
+def oracle(q, k, v, scale, causal, q_pos=(0, 1), k_pos=(0, 1), dout=None, dlse=None):
+    """Dense float64 attention: (out, lse, dq, dk, dv); rows with no visible key: out 0, lse -inf.
+
+    Gradients are of ``sum(out * dout) + sum(lse * dlse)`` (lse of empty rows excluded).
+    """
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    kk = k64.repeat_interleave(H // Hkv, dim=2)
+    vv = v64.repeat_interleave(H // Hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, kk) * scale
+    qp = q_pos[0] + torch.arange(Sq, device=q.device) * q_pos[1]
+    kp = k_pos[0] + torch.arange(Sk, device=q.device) * k_pos[1]
+    mask = kp[None, :] <= qp[:, None] if causal else torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+    seen = mask.any(-1)  # (Sq,)
+    s = s.masked_fill(~mask, -1e300)  # exp underflows to exactly 0 in float64, gradients stay finite
+    p = torch.softmax(s, -1) * seen[:, None]
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vv)
+    lse = torch.where(seen, torch.logsumexp(s, -1), torch.zeros((), dtype=s.dtype, device=s.device))
+    grads = (None, None, None)
+    if dout is not None:
+        loss = (out * dout.double()).sum()
+        if dlse is not None:
+            loss = loss + (lse * dlse.double()).sum()
+        grads = torch.autograd.grad(loss, (q64, k64, v64))
+    lse = torch.where(seen, lse, torch.full_like(lse, float("-inf")))
+    return (out.detach(), lse.detach(), *grads)
+
+
+def oracle_varlen(q, k, v, cu_q, cu_k, scale, causal, q_pos, k_pos, dout):
+    """Packed varlen oracle: each sequence through ``oracle`` on its own; lse (H, Tq)."""
+    outs, lses, dqs, dks, dvs = [], [], [], [], []
+    for i in range(len(cu_q) - 1):
+        qs, qe, ks, ke = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        o, lse, dq, dk, dv = oracle(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], scale, causal, q_pos, k_pos,
+                                    dout[None, qs:qe])
+        outs.append(o[0]), lses.append(lse[0]), dqs.append(dq[0]), dks.append(dk[0]), dvs.append(dv[0])
+    return (torch.cat(outs), torch.cat(lses, 1), torch.cat(dqs), torch.cat(dks), torch.cat(dvs))
+
+
+# ----------------------------------------------------------------------------- checks
+def rel_err(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(name, x, ref, tol):
+    assert torch.isfinite(x).all(), f"{name}: non-finite values"
+    err = rel_err(x, ref)
+    assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.1e}"
+
+
+def check_lse(lse, ref, atol):
+    assert not lse.isnan().any(), "lse has NaN"
+    empty = torch.isneginf(ref)
+    assert torch.equal(torch.isneginf(lse), empty), "lse = -inf exactly where a row sees no key"
+    if (~empty).any():
+        err = (lse[~empty].double() - ref[~empty]).abs().max().item()
+        assert err <= atol, f"lse: max abs error {err:.2e} > {atol:.1e}"
+
+
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+LSE_ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+
+
+def rand(*shape, dtype, device, scale=1.0):
+    return (torch.randn(*shape, device=device) * scale).to(dtype)
+
+
+# Backward modes (attention_config): dQ in its own kernel or by atomics in the dK/dV kernel; the
+# dK/dV kernel with or without a separate loop for the last partial query tile.
+BWD_MODES = {
+    "separate": dict(dq_atomic=False, dkdv_split_tail=False),
+    "atomic": dict(dq_atomic=True, dkdv_split_tail=False),
+    "split": dict(dq_atomic=False, dkdv_split_tail=True),
+    "atomic+split": dict(dq_atomic=True, dkdv_split_tail=True),
+}
+
+
+def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_pos=(0, 1), scale=None,
+                  mode="separate"):
+    """Forward + backward of one block pair against the oracle; returns nothing, asserts.
+
+    ``mode`` names the backward mode (a key of BWD_MODES)."""
+    scale = D ** -0.5 if scale is None else scale
+    q = rand(B, Sq, H, D, dtype=dtype, device=device, scale=1.5)
+    k = rand(B, Sk, Hkv, D, dtype=dtype, device=device, scale=1.5)
+    v = rand(B, Sk, Hkv, D, dtype=dtype, device=device)
+    dout = rand(B, Sq, H, D, dtype=dtype, device=device)
+    kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
+              k_stride=k_pos[1])
+    out, lse = attention_fwd(q, k, v, **kw)
+    assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+    assert lse.shape == (B, H, Sq) and lse.dtype == torch.float32
+    delta = attention_delta(out, dout)
+    with attention_config.override(**BWD_MODES[mode]):
+        dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, **kw)
+    ref = oracle(q, k, v, scale, causal, q_pos, k_pos, dout)
+    tol = TOL[dtype]
+    check("out", out, ref[0], tol)
+    check_lse(lse, ref[1], LSE_ATOL[dtype])
+    for name, x, r in (("dq", dq, ref[2]), ("dk", dk, ref[3]), ("dv", dv, ref[4])):
+        assert x.dtype == torch.float32 and x.shape == r.shape
+        if r.abs().max() == 0:  # nothing visible: exact zeros
+            assert torch.equal(x, torch.zeros_like(x)), f"{name} must be 0 when no key is visible"
+        else:
+            check(name, x, r, 2 * tol)
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter)
+CPU = torch.device("cpu")
+
+# (causal, q_pos, k_pos): every kind of ring step, on lengths 37 (queries) and 45 (keys)
+CPU_MASKS = [
+    (False, (0, 1), (0, 1)),      # full block
+    (True, (0, 1), (0, 1)),       # diagonal block
+    (True, (5, 1), (20, 1)),      # keys start later: the first 15 query rows see nothing
+    (True, (100, 1), (0, 1)),     # keys all in the past: every tile unmasked
+    (True, (1, 3), (2, 3)),       # stripe layout, keys one slot later
+    (True, (2, 3), (0, 3)),       # stripe layout, keys earlier
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal,q_pos,k_pos", CPU_MASKS)
+def test_cpu_masks(dtype, causal, q_pos, k_pos):
+    run_and_check(1, 37, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos)
+
+
+@pytest.mark.parametrize("mode", ["atomic", "split", "atomic+split"])
+@pytest.mark.parametrize("causal,q_pos,k_pos", [CPU_MASKS[0], CPU_MASKS[2], CPU_MASKS[5]])
+def test_cpu_masks_bwd_modes(causal, q_pos, k_pos, mode):
+    run_and_check(1, 37, 45, 4, 2, 32, torch.float16, CPU, causal, q_pos, k_pos, mode=mode)
+
+
+# Offsets whose difference sits next to a multiple of the interpreter's 16-row tiles, so that an
+# off-by-one in any loop bound (unmasked end, masked end, first query of a key tile) moves a tile.
+BOUNDARY_OFFSETS = [(1, 0), (0, 1), (14, 0), (15, 0), (0, 14), (17, 0), (0, 17)]
+
+
+@pytest.mark.parametrize("q_off,k_off", BOUNDARY_OFFSETS)
+def test_cpu_tile_boundaries(q_off, k_off):
+    mode = "separate" if q_off > k_off else "split"
+    run_and_check(1, 37, 45, 2, 1, 16, torch.float32, CPU, True, (q_off, 1), (k_off, 1), mode=mode)
+
+
+@pytest.mark.parametrize("D,H,Hkv", [(16, 2, 1), (24, 2, 2), (64, 3, 3)])
+def test_cpu_head_dims(D, H, Hkv):
+    run_and_check(2, 19, 23, H, Hkv, D, torch.float32, CPU, True, (6, 1), (0, 1))
+
+
+def test_cpu_invisible_block():
+    """A key block entirely after the queries: out 0, lse -inf, gradients 0, never NaN."""
+    run_and_check(1, 21, 30, 2, 1, 32, torch.float16, CPU, True, (0, 1), (50, 1))
+
+
+@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+def test_cpu_varlen(mode):
+    """Packed sequences of lengths 1, 7, 13 (queries) and 7, 1, 13 (keys): none sees another."""
+    dtype, H, Hkv, D, scale = torch.float32, 4, 2, 32, 0.3
+    cu_q = torch.tensor([0, 1, 8, 21], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 8, 21], dtype=torch.int32)
+    for causal, q_pos, k_pos in ((False, (0, 1), (0, 1)), (True, (3, 1), (0, 1)), (True, (0, 2), (1, 2))):
+        q = rand(21, H, D, dtype=dtype, device=CPU)
+        k = rand(21, Hkv, D, dtype=dtype, device=CPU)
+        v = rand(21, Hkv, D, dtype=dtype, device=CPU)
+        dout = rand(21, H, D, dtype=dtype, device=CPU)
+        kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
+                  k_stride=k_pos[1], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        out, lse = attention_fwd(q, k, v, **kw)
+        assert lse.shape == (H, 21)
+        delta = attention_delta(out, dout)
+        assert delta.shape == (H, 21)
+        with attention_config.override(**BWD_MODES[mode]):
+            dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, max_seqlen_q=13, max_seqlen_k=13, **kw)
+        ref = oracle_varlen(q, k, v, cu_q, cu_k, scale, causal, q_pos, k_pos, dout)
+        check("out", out, ref[0], TOL[dtype])
+        check_lse(lse, ref[1], LSE_ATOL[dtype])
+        for name, x, r in (("dq", dq, ref[2]), ("dk", dk, ref[3]), ("dv", dv, ref[4])):
+            check(name, x, r, 2 * TOL[dtype])
+
+
+@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+def test_cpu_strided_accumulate_and_dlse(mode):
+    """Inputs and gradient buffers are slices along dim 1 of bigger tensors; gradients are ADDED
+    into the buffers; passing delta - dlse also propagates a gradient of lse."""
+    dtype, B, Sq, Sk, H, Hkv, D, scale = torch.float32, 2, 17, 29, 4, 2, 32, 0.2
+    big_q = rand(B, Sq + 9, H, D, dtype=dtype, device=CPU)
+    big_kv = rand(B, Sk + 5, 2, Hkv, D, dtype=dtype, device=CPU)
+    q, k, v = big_q[:, 4:4 + Sq], big_kv[:, 5:, 0], big_kv[:, 5:, 1]
+    dout = rand(B, Sq, H, D, dtype=dtype, device=CPU)
+    dlse = rand(B, H, Sq, dtype=torch.float32, device=CPU)
+    kw = dict(softmax_scale=scale, causal=True, q_offset=20, k_offset=3)
+    out, lse = attention_fwd(q, k, v, out_dtype=torch.float32, **kw)
+    assert out.dtype == torch.float32
+    delta = attention_delta(out, dout) - dlse
+    bufs = [torch.randn(B, S + 6, h, D) for S, h in ((Sq, H), (Sk, Hkv), (Sk, Hkv))]
+    views = [buf[:, 3:-3] for buf in bufs]
+    before = [view.clone() for view in views]
+    with attention_config.override(**BWD_MODES[mode]):
+        dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, dq=views[0], dk=views[1], dv=views[2], **kw)
+    for got, view in zip((dq, dk, dv), views):
+        assert got.data_ptr() == view.data_ptr()
+    ref = oracle(q, k, v, scale, True, (20, 1), (3, 1), dout, dlse)
+    check("out", out, ref[0], TOL[dtype])
+    for name, x, b0, r in zip(("dq", "dk", "dv"), (dq, dk, dv), before, ref[2:]):
+        check(name, x - b0, r, 2 * TOL[dtype])
+    for buf in bufs:  # the margins around the views are untouched
+        assert torch.isfinite(buf).all()
+
+
+def test_cpu_rejects_bad_input():
+    q = torch.randn(1, 8, 2, 16, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float64"):
+        attention_fwd(q, q, q, softmax_scale=1.0)
+    q = torch.randn(1, 8, 3, 16)
+    k = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="multiple"):
+        attention_fwd(q, k, k, softmax_scale=1.0)
+    with pytest.raises(ValueError, match="float32"):
+        out, lse = attention_fwd(q, q, q, softmax_scale=1.0)
+        attention_bwd(q, q, q, out, out, lse, lse, softmax_scale=1.0, dq=torch.zeros_like(q).half())
+
+
+# ----------------------------------------------------------------------------- GPU
+def gpu_masks(Sq, Sk):
+    """(causal, q_pos, k_pos) for every kind of ring step, for blocks of Sq queries and Sk keys."""
+    return [
+        (False, (0, 1), (0, 1)),             # full block
+        (True, (0, 1), (0, 1)),              # diagonal block
+        (True, (Sk + 64, 1), (0, 1)),        # keys all in the past
+        (True, (0, 1), (Sq + 1, 1)),         # keys all in the future: nothing visible
+        (True, (Sq // 3, 1), (Sq // 2, 1)),  # partial: some query rows see no key
+        (True, (3, 4), (1, 4)),              # stripe layout (4 ranks), keys earlier
+        (True, (1, 4), (3, 4)),              # stripe layout, keys later
+    ]
+
+
+GPU_SHAPES = [  # (dtype, head_dim, heads, kv_heads)
+    (torch.bfloat16, 64, 8, 8),
+    (torch.bfloat16, 96, 8, 4),
+    (torch.bfloat16, 128, 8, 2),
+    (torch.bfloat16, 256, 8, 1),
+    (torch.float16, 64, 8, 1),
+    (torch.float16, 128, 8, 8),
+]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["separate", "atomic", "split"])
+@pytest.mark.parametrize("dtype,D,H,Hkv", GPU_SHAPES)
+def test_gpu_masks(dtype, D, H, Hkv, mode):
+    Sq, Sk = 301, 517
+    for causal, q_pos, k_pos in gpu_masks(Sq, Sk):
+        run_and_check(2, Sq, Sk, H, Hkv, D, dtype, torch.device("cuda"), causal, q_pos, k_pos, mode=mode)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_float32_exact(causal):
+    run_and_check(1, 200, 333, 4, 2, 64, torch.float32, torch.device("cuda"), causal, (100, 1), (0, 1))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+@pytest.mark.parametrize("causal,q_pos,k_pos", [(False, (0, 1), (0, 1)), (True, (0, 1), (0, 1)),
+                                                (True, (5, 1), (0, 1)), (True, (0, 2), (1, 2))])
+def test_gpu_varlen(causal, q_pos, k_pos, mode):
+    dtype, H, Hkv, D, scale, dev = torch.bfloat16, 8, 2, 128, 128 ** -0.5, torch.device("cuda")
+    lens_q, lens_k = [1, 7, 1000, 7], [7, 1, 1000, 1000]
+    cu_q = torch.tensor([0] + lens_q, device=dev).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device=dev).cumsum(0).to(torch.int32)
+    Tq, Tk = sum(lens_q), sum(lens_k)
+    q = rand(Tq, H, D, dtype=dtype, device=dev, scale=1.5)
+    k = rand(Tk, Hkv, D, dtype=dtype, device=dev, scale=1.5)
+    v = rand(Tk, Hkv, D, dtype=dtype, device=dev)
+    dout = rand(Tq, H, D, dtype=dtype, device=dev)
+    kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
+              k_stride=k_pos[1], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=1000)
+    out, lse = attention_fwd(q, k, v, **kw)
+    with attention_config.override(**BWD_MODES[mode]):
+        dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, attention_delta(out, dout), **kw)
+    ref = oracle_varlen(q, k, v, cu_q.cpu(), cu_k.cpu(), scale, causal, q_pos, k_pos, dout)
+    check("out", out, ref[0], TOL[dtype])
+    check_lse(lse, ref[1], LSE_ATOL[dtype])
+    for name, x, r in (("dq", dq, ref[2]), ("dk", dk, ref[3]), ("dv", dv, ref[4])):
+        check(name, x, r, 2 * TOL[dtype])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+def test_gpu_strided_accumulate(mode):
+    dev, dtype, B, Sq, Sk, H, Hkv, D, scale = torch.device("cuda"), torch.bfloat16, 2, 333, 270, 8, 4, 128, 0.1
+    big_q = rand(B, Sq + 10, H, D, dtype=dtype, device=dev)
+    big_kv = rand(B, Sk + 7, 2, Hkv, D, dtype=dtype, device=dev)
+    q, k, v = big_q[:, 10:], big_kv[:, :Sk, 0], big_kv[:, :Sk, 1]
+    dout = rand(B, Sq, H, D, dtype=dtype, device=dev)
+    kw = dict(softmax_scale=scale, causal=True, q_offset=100, k_offset=0)
+    out, lse = attention_fwd(q, k, v, out_dtype=torch.float32, **kw)
+    bufs = [torch.randn(B, S + 6, h, D, device=dev) for S, h in ((Sq, H), (Sk, Hkv), (Sk, Hkv))]
+    views = [buf[:, 2:-4] for buf in bufs]
+    before = [view.clone() for view in views]
+    with attention_config.override(**BWD_MODES[mode]):
+        dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, attention_delta(out, dout), dq=views[0], dk=views[1],
+                                   dv=views[2], **kw)
+    ref = oracle(q, k, v, scale, True, (100, 1), (0, 1), dout)
+    check("out", out, ref[0], TOL[dtype])
+    for name, x, b0, r in zip(("dq", "dk", "dv"), (dq, dk, dv), before, ref[2:]):
+        check(name, x - b0, r, 2 * TOL[dtype])
