@@ -333,3 +333,23 @@ def test_bwd_persistent_shapes_gpu(m, n, poisoned):
     y, dy = y[:, 32:32 + n], dy[:, 16:16 + n]
     check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
     assert F.sync_failures("cuda") == 0
+
+
+@cpu_only
+@pytest.mark.parametrize("programs_per_row", [2, 3])
+def test_persistent_wait_that_gives_up_still_computes_right_cpu(programs_per_row, poisoned, small_regimes,
+                                                                monkeypatch):
+    """Programs run one after another in the interpreter: with several per row and SPIN_MAX = 0, the
+    first ones give up waiting for the others' partials and must recompute the row from x."""
+    monkeypatch.setattr(F, "INTERPRETER_PERSISTENT", True)
+    monkeypatch.setattr(F, "INTERPRETER_PROGRAMS_PER_ROW", programs_per_row)
+    monkeypatch.setattr(F, "SPIN_MAX", 0)
+    monkeypatch.setattr(F, "SPLIT_CHUNK", {4: (64, 1), 2: (64, 1)})
+    monkeypatch.setattr(B, "BWD_SPLIT_CHUNK", {4: (64, 1), 2: (64, 1)})
+    before = F.sync_failures("cpu")
+    x = make_x(5, 300, torch.float32, "cpu", scale=50.0)
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[torch.float32])
+    dy = torch.randn(5, 300)
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
+    assert F.sync_failures("cpu") > before          # the fallback did run

@@ -124,13 +124,18 @@ def _sum_partials_kernel(PD, DELTA, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.con
 def _dx_row(Y, DY, DX, PD, CNT, ERR, row, q, N, stride_ym, stride_dym, stride_dxm, Q, R, spin_max, offs,
             CHUNK: tl.constexpr, PB: tl.constexpr, STORE_EVICT: tl.constexpr):
     """Persistent path, pass 2 of one row: wait for its Q partial dots, then write dx for chunks q + r Q."""
-    row_wait(CNT + row, Q, spin_max, ERR)
-    # delta = sum of the partials (read past L1)
-    wbase = tl.cast(row, tl.int64) * Q
+    # delta = sum of the partials (read past L1), or of the whole row if they did not arrive
     delta = 0.0
-    for j in range(0, Q, PB):
-        idx = j + tl.arange(0, PB)
-        delta += tl.sum(tl.load(PD + wbase + idx, mask=idx < Q, other=0.0, cache_modifier=".cg"), axis=0)
+    if row_wait(CNT + row, Q, spin_max, ERR):
+        wbase = tl.cast(row, tl.int64) * Q
+        for j in range(0, Q, PB):
+            idx = j + tl.arange(0, PB)
+            delta += tl.sum(tl.load(PD + wbase + idx, mask=idx < Q, other=0.0, cache_modifier=".cg"), axis=0)
+    else:
+        for c in range(0, Q * R):
+            start = tl.cast(c, tl.int64) * CHUNK
+            delta += tl.sum(_load0(Y, row, start, N, stride_ym, offs, "evict_first") *
+                            _load0(DY, row, start, N, stride_dym, offs, "evict_first"), axis=0)
     # re-read y and dy (newest first: most likely still in L2) and write dx
     for i in range(0, R):
         start = (q + (R - 1 - i) * Q).to(tl.int64) * CHUNK
@@ -239,8 +244,8 @@ def _persistent(y, dy, dx) -> None:
     args = [y, dy, dx, stand_in, cnt, err, m, n, y.stride(0), dy.stride(0), dx.stride(0), 2, 2, 2, 2, fwd.SPIN_MAX]
     programs = fwd.resident_programs(_bwd_persistent_kernel, args, consts, warps,
                                      ("softmax_bwd", n % 16 == 0) + fwd.spec_key(y, dy, dx))
-    if fwd.is_interpreter(y):  # one program per row: programs run one after another here
-        q, g, r = 1, min(programs, m), k
+    if fwd.is_interpreter(y):
+        q, g, r = fwd.interpreter_plan(k, m, programs)
     else:
         q, g, r = fwd.split_plan(k, m, programs, chunk * (y.element_size() + dy.element_size()))
     args[3] = torch.empty((m, q), dtype=torch.float32, device=y.device)

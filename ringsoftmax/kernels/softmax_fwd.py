@@ -61,9 +61,13 @@ PERSISTENT_EVICT = ("evict_last", "evict_first")
 PERSISTENT_WAVE_BYTES = 12 << 20
 #: On CPU, run the persistent kernel (one program per row, so it never waits on another program).
 INTERPRETER_PERSISTENT = False
+#: Programs per split row in the interpreter, where programs run one after another: with 1 no
+#: program ever waits on another; with more, waits give up (SPIN_MAX = 0) and the fallback runs.
+INTERPRETER_PROGRAMS_PER_ROW = 1
 #: Override of the persistent grid size (programs resident at once); None reads it off the GPU.
 RESIDENT_PROGRAMS = None
-#: Polls of a row counter before a program gives up waiting and counts a failure (see sync_failures).
+#: Polls of a row counter before a program gives up waiting, counts it (see sync_failures) and
+#: recomputes the row's statistics from x itself (correct, slower).
 SPIN_MAX = 1 << 26
 #: Partials merged per step by a persistent program.
 PARTIAL_BLOCK = 256
@@ -85,7 +89,9 @@ def row_arrive(CNT):
 def row_wait(CNT, expected, spin_max, ERR):
     """Wait until ``expected`` programs have arrived at ``CNT`` (acquire); then their partials are visible.
 
-    After ``spin_max`` polls it gives up and adds 1 to ``ERR`` instead of hanging the GPU.
+    Returns whether they all arrived. After ``spin_max`` polls it gives up (adding 1 to ``ERR``)
+    rather than hang the GPU; the caller then recomputes what it needs from the input itself, so
+    the result stays right, only slower (``sync_failures`` counts these).
     """
     seen = tl.atomic_add(CNT, 0, sem="acquire")
     spins = 0
@@ -94,6 +100,7 @@ def row_wait(CNT, expected, spin_max, ERR):
         spins += 1
     tl.atomic_add(ERR, 1, mask=seen < expected)
     tl.debug_barrier()
+    return seen >= expected
 
 
 @triton.jit
@@ -116,6 +123,17 @@ def _fold_chunk(xc, m_run, s_run):
 def _load_x(X, row, start, N, stride, offs, EVICT: tl.constexpr):
     ptrs, ok = chunk_ptrs(X, row, start, N, stride, offs)
     return tl.load(ptrs, mask=ok, other=float("-inf"), eviction_policy=EVICT).to(tl.float32)
+
+
+@triton.jit
+def _row_stats_from_x(X, row, N, stride, offs, chunks, CHUNK: tl.constexpr):
+    """(max, sum of exp(x - max)) of a whole row read from x: the fallback when partials did not arrive."""
+    m = float("-inf")
+    s = 0.0
+    for c in range(0, chunks):
+        xr = _load_x(X, row, tl.cast(c, tl.int64) * CHUNK, N, stride, offs, "evict_first")
+        m, s = _fold_chunk(xr, m, s)
+    return m, s
 
 
 @triton.jit
@@ -173,9 +191,11 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
 def _normalize_row(X, Y, LSE, PM, PS, CNT, ERR, row, q, N, stride_xm, stride_ym, Q, R, spin_max, offs,
                    CHUNK: tl.constexpr, PB: tl.constexpr, STORE_EVICT: tl.constexpr):
     """Persistent path, pass 2 of one row: wait for its Q partials, then write y for chunks q + r Q."""
-    row_wait(CNT + row, Q, spin_max, ERR)
-    # the row's max and 1 / sum, from the partials with the LSE rule
-    m, s = _merge_partials(PM + tl.cast(row, tl.int64) * Q, PS + tl.cast(row, tl.int64) * Q, Q, PB)
+    # the row's max and sum, from the partials with the LSE rule (or from x, if they did not arrive)
+    if row_wait(CNT + row, Q, spin_max, ERR):
+        m, s = _merge_partials(PM + tl.cast(row, tl.int64) * Q, PS + tl.cast(row, tl.int64) * Q, Q, PB)
+    else:
+        m, s = _row_stats_from_x(X, row, N, stride_xm, offs, Q * R, CHUNK)
     shift = tl.where(m == float("-inf"), 0.0, m)
     inv = tl.where(s > 0, 1.0 / s, 0.0)
     tl.store(LSE + row, m + tl.log(s), mask=q == 0)
@@ -334,6 +354,12 @@ def is_interpreter(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
+def interpreter_plan(k: int, m: int, programs: int):
+    """(Q programs per row, G rows in flight, R chunks per program) of the persistent grid in the interpreter."""
+    q = max(1, min(INTERPRETER_PROGRAMS_PER_ROW, k))
+    return q, max(1, min(programs // q, m)), triton.cdiv(k, q)
+
+
 def use_persistent(t: torch.Tensor, row_bytes: int, max_row_bytes, elem: int) -> bool:
     """Whether split rows of ``row_bytes`` (all inputs) on ``t``'s device take the persistent kernel.
 
@@ -486,8 +512,8 @@ def _persistent(x, y, lse) -> None:
     args = [x, y, lse, lse, lse, cnt, err, m, n, x.stride(0), y.stride(0), 2, 2, 2, 2, SPIN_MAX]
     programs = resident_programs(_softmax_persistent_kernel, args, consts, warps,
                                  ("softmax_fwd", n % 16 == 0) + spec_key(x, y))
-    if is_interpreter(x):  # one program per row: programs run one after another here
-        q, g, r = 1, min(programs, m), k
+    if is_interpreter(x):
+        q, g, r = interpreter_plan(k, m, programs)
     else:
         q, g, r = split_plan(k, m, programs, chunk * x.element_size())
     lag = 1 if r == 1 else 0
