@@ -4,6 +4,7 @@ Each test spawns one process group and runs many cases in it (spawning is the sl
 rank draws the same full tensors from one seed, takes its shard, runs the ring, and compares its
 shard of the output and of the gradients with the same shard of the unsharded reference.
 """
+import itertools
 import zlib
 
 import pytest
@@ -56,9 +57,12 @@ def _ring_softmax_cases(rank, world, dtypes=((torch.float64, 1e-10), (torch.floa
     lengths = list(lengths)[:world]                     # unequal pieces, one rank may be empty
     n = sum(lengths)
     start = sum(lengths[:rank])
-    for dim, shape in ((1, (2, n, 3)), (-1, (4, n))):
+    # magnitudes 1e4 check the forward; 3 checks the gradient too (at 1e4 y is one-hot and dx ~ 0,
+    # so any rounding reads as a relative error of 1)
+    for (dim, shape), (scale, check_grad) in itertools.product(((1, (2, n, 3)), (-1, (4, n))),
+                                                               ((1e4, False), (3.0, True))):
         torch.manual_seed(7 + dim)
-        x = torch.randn(shape, dtype=torch.float64) * 1e4
+        x = torch.randn(shape, dtype=torch.float64) * scale
         x.movedim(dim, -1)[0, ..., : n // 2] = float("-inf")                           # some -inf entries
         x.movedim(dim, -1)[-1] = float("-inf")                                          # rows all -inf
         g = torch.randn(shape, dtype=torch.float64)
@@ -70,10 +74,11 @@ def _ring_softmax_cases(rank, world, dtypes=((torch.float64, 1e-10), (torch.floa
             piece = x.narrow(dim, start, lengths[rank]).to(_device(rank), dtype).requires_grad_()
             y = rs.ring_softmax(piece, dim=dim)
             y.backward(g.narrow(dim, start, lengths[rank]).to(_device(rank), dtype))
-            what = f"world={world} dim={dim} {dtype} piece={lengths[rank]}"
+            what = f"world={world} dim={dim} {dtype} piece={lengths[rank]} scale={scale}"
             assert y.dtype == dtype and y.shape == piece.shape
             assert_close(f"y {what}", y, y_ref.narrow(dim, start, lengths[rank]), tol)
-            assert_close(f"dx {what}", piece.grad, xr.grad.narrow(dim, start, lengths[rank]), tol)
+            if check_grad:
+                assert_close(f"dx {what}", piece.grad, xr.grad.narrow(dim, start, lengths[rank]), tol)
 
 
 def _shard_roundtrip(rank, world):
