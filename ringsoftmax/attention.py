@@ -11,7 +11,6 @@ import math
 import torch
 
 from .backend import attention_ops
-from .merge import accum_dtype
 from .softmax import FLOAT_DTYPES
 
 
@@ -117,8 +116,3 @@ def _check_cu_seqlens(cu, t, name):
     if c[0] != 0 or c[-1] != t.shape[0] or any(b < a for a, b in zip(c, c[1:])):
         raise ValueError(f"attention_varlen: {name} must rise from 0 to {t.shape[0]} (the packed length), got {c}")
     return [b - a for a, b in zip(c, c[1:])]
-
-
-def block_out_dtype(q: torch.Tensor) -> torch.dtype:
-    """The dtype block outputs accumulate in across merges: float32 (float64 for float64 input)."""
-    return accum_dtype(q.dtype)

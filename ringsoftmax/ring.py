@@ -70,12 +70,15 @@ def device_error(pg, t: torch.Tensor) -> str | None:
     return None
 
 
-def _pack(fields: dict, width: int = 8) -> list[float]:
+FIELD_WIDTH = 8   # numbers per agreed field (a shape of up to 8 dims); each is sent with its length
+
+
+def _pack(fields: dict) -> list[float]:
     """Flatten {name: tuple of numbers} into a fixed-width row (length first, then padded values)."""
     row = []
     for value in fields.values():
-        value = tuple(value)[:width]
-        row += [float(len(value)), *map(float, value), *([0.0] * (width - len(value)))]
+        value = tuple(value)[:FIELD_WIDTH]
+        row += [float(len(value)), *map(float, value), *([0.0] * (FIELD_WIDTH - len(value)))]
     return row
 
 
@@ -98,13 +101,14 @@ def agree(pg, fields: dict, error: Exception | None, fn: str) -> None:
     for r in range(world):
         diff = (table[r] != table[0]).nonzero()
         if len(diff):
-            name = names[(int(diff[0]) - 1) // 9]
+            name = names[(int(diff[0]) - 1) // (FIELD_WIDTH + 1)]
             raise ValueError(f"{fn}: ranks disagree on {name}: rank 0 has {_unpack(table[0], names, name)} and rank "
                              f"{r} has {_unpack(table[r], names, name)}; every rank must pass matching arguments")
 
 
-def _unpack(row: torch.Tensor, names, name, width: int = 8):
-    at = 1 + names.index(name) * (width + 1)
+def _unpack(row: torch.Tensor, names, name):
+    """The numbers of field ``name`` in a row made by ``_pack`` (after the leading error flag)."""
+    at = 1 + names.index(name) * (FIELD_WIDTH + 1)
     n = int(row[at])
     vals = tuple(row[at + 1: at + 1 + n].tolist())
     return tuple(int(v) if float(v).is_integer() else v for v in vals)

@@ -1,5 +1,4 @@
 """Bad input gets a clear error naming the argument; across ranks, every rank raises and none hangs."""
-import os
 
 import pytest
 import torch
