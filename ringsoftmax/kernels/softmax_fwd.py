@@ -68,7 +68,7 @@ INTERPRETER_PROGRAMS_PER_ROW = 1
 RESIDENT_PROGRAMS = None
 #: Polls of a row counter before a program gives up waiting, counts it (see sync_failures) and
 #: recomputes the row's statistics from x itself (correct, slower).
-SPIN_MAX = 1 << 26
+SPIN_MAX = 1 << 20   # about a second of polling at most; normal waits last microseconds
 #: Partials merged per step by a persistent program.
 PARTIAL_BLOCK = 256
 
