@@ -96,24 +96,24 @@ def tile_for(kernel: str, device: torch.device, head_dim_pad: int, dtype: torch.
     return entry[bool(causal)] if isinstance(entry, dict) else entry
 
 
-def dq_by_atomics(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
-    """Whether the backward adds dQ by atomics inside the dK/dV kernel (else: a separate dQ kernel)."""
-    if "dq_atomic" in _OVERRIDE:
-        return bool(_OVERRIDE["dq_atomic"])
+def _sm90_flag(name: str, head_dims, device: torch.device, head_dim_pad: int, dtype: torch.dtype) -> bool:
+    """A backward option: the override if set, else on for 16-bit inputs on Hopper at ``head_dims``."""
+    if name in _OVERRIDE:
+        return bool(_OVERRIDE[name])
     if device.type != "cuda" or dtype == torch.float32:
         return False
     major, _ = torch.cuda.get_device_capability(device)
-    return major == 9 and head_dim_pad in _SM90_DQ_ATOMIC
+    return major == 9 and head_dim_pad in head_dims
+
+
+def dq_by_atomics(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the backward adds dQ by atomics inside the dK/dV kernel (else: a separate dQ kernel)."""
+    return _sm90_flag("dq_atomic", _SM90_DQ_ATOMIC, device, head_dim_pad, dtype)
 
 
 def dkdv_split_tail(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
     """Whether the dK/dV kernel splits off the last partial query tile (unmasked loads before it)."""
-    if "dkdv_split_tail" in _OVERRIDE:
-        return bool(_OVERRIDE["dkdv_split_tail"])
-    if device.type != "cuda" or dtype == torch.float32:
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major == 9 and head_dim_pad in _SM90_DKDV_SPLIT_TAIL
+    return _sm90_flag("dkdv_split_tail", _SM90_DKDV_SPLIT_TAIL, device, head_dim_pad, dtype)
 
 
 @contextlib.contextmanager

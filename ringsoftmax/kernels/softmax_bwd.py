@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import softmax_fwd as fwd
-from .softmax_fwd import chunk_ptrs, row_arrive, row_wait
+from .softmax_fwd import chunk_ptrs, row_arrive, row_wait, stream_tile
 
 #: Rows up to this length are handled whole by one program, in registers (y and dy): 96% (fp32) and
 #: 100% (bf16) of copy at 32K; at 64K it spills (12-20%).
@@ -74,14 +74,7 @@ def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
 def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, stride_dxm,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dx = y * (dy - delta[row]) on a (BLOCK_M rows x BLOCK_N) tile; program = (row block, chunk)."""
-    pid = tl.program_id(0)
-    rb = pid // K
-    k = pid - rb * K
-    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
     y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
@@ -93,14 +86,7 @@ def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, st
 def _partial_dot_kernel(Y, DY, PD, M, N, K, stride_ym, stride_dym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K)."""
-    pid = tl.program_id(0)
-    rb = pid // K
-    k = pid - rb * K
-    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
     y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(PD + rows64 * K + k, tl.sum(y * dy, axis=1), mask=row_ok)

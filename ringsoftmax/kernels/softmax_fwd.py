@@ -104,6 +104,22 @@ def row_wait(CNT, expected, spin_max, ERR):
 
 
 @triton.jit
+def stream_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's tile of the streaming kernels: BLOCK_M rows x chunk k (of K) of BLOCK_N columns.
+
+    Returns (rows, rows as int64, cols, k, row mask, element mask).
+    """
+    pid = tl.program_id(0)
+    rb = pid // K
+    k = pid - rb * K
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    return rows, rows.to(tl.int64), cols, k, row_ok, mask
+
+
+@triton.jit
 def chunk_ptrs(X, row, start, N, stride, offs):
     """Pointers and mask of the chunk ``[start, start + len(offs))`` of row ``row`` (64-bit offsets)."""
     base = X + tl.cast(row, tl.int64) * stride + start
@@ -254,14 +270,7 @@ def _softmax_persistent_kernel(X, Y, LSE, PM, PS, CNT, ERR, M, N, stride_xm, str
 def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)."""
-    pid = tl.program_id(0)
-    rb = pid // K
-    k = pid - rb * K
-    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
     x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
     x = x.to(tl.float32)
     m = tl.max(x, axis=1)
@@ -298,14 +307,7 @@ def _combine_stats_kernel(PM, PS, LSE, SHIFT, SCALE, M, K,
 def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0."""
-    pid = tl.program_id(0)
-    rb = pid // K
-    k = pid - rb * K
-    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
     x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
     shift = tl.load(SHIFT + rows, mask=row_ok, other=0.0)
     # exp(x - inf) = 0 for every x <= +large: an empty row gives 0, not exp(-inf + inf) = NaN
