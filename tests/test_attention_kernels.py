@@ -92,21 +92,45 @@ def rand(*shape, dtype, device, scale=1.0):
     return (torch.randn(*shape, device=device) * scale).to(dtype)
 
 
-# Backward modes (attention_config): dQ in its own kernel or by atomics in the dK/dV kernel; the
-# dK/dV kernel with or without a separate loop for the last partial query tile.
-BWD_MODES = {
-    "separate": dict(dq_atomic=False, dkdv_split_tail=False),
-    "atomic": dict(dq_atomic=True, dkdv_split_tail=False),
-    "split": dict(dq_atomic=False, dkdv_split_tail=True),
-    "atomic+split": dict(dq_atomic=True, dkdv_split_tail=True),
+# Kernel modes (attention_config): dQ in its own kernel or by atomics in the dK/dV kernel; the
+# dK/dV kernel with or without a separate loop for the last partial query tile; the forward's
+# loads through pointers or through tensor descriptors (TMA).
+MODES = {
+    "separate": dict(dq_atomic=False, dkdv_split_tail=False, fwd_tma=False),
+    "atomic": dict(dq_atomic=True, dkdv_split_tail=False, fwd_tma=False),
+    "split": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=False),
+    "atomic+split": dict(dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
+    "tma": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
+    "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True),
+    "ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=False, fwd_warp_spec=True),
 }
+
+
+def forward_paths(monkeypatch):
+    """Record the WARP_SPEC value of every forward launch (a list the test reads afterwards)."""
+    from ringsoftmax.kernels import attention_fwd as fwd_module
+    seen, real = [], fwd_module.launch
+
+    def recording(kernel, grid, args, kwargs, *rest, **kw):
+        if kernel is fwd_module._attn_fwd_kernel:
+            seen.append(bool(kwargs.get("WARP_SPEC", False)))
+        return real(kernel, grid, args, kwargs, *rest, **kw)
+
+    monkeypatch.setattr(fwd_module, "launch", recording)
+    return seen
+
+
+def all_visible(Sk, case):
+    """(causal, q_pos, k_pos) of a step where every query sees all Sk keys: the warp-specialized
+    forward. case 0: full block; 1: keys all in the past; 2: the same in the stripe layout."""
+    return [(False, (0, 1), (0, 1)), (True, (Sk + 5, 1), (0, 1)), (True, (3 * Sk + 2, 3), (2, 3))][case]
 
 
 def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_pos=(0, 1), scale=None,
                   mode="separate"):
     """Forward + backward of one block pair against the oracle; returns nothing, asserts.
 
-    ``mode`` names the backward mode (a key of BWD_MODES)."""
+    ``mode`` names the kernel mode (a key of MODES)."""
     scale = D ** -0.5 if scale is None else scale
     q = rand(B, Sq, H, D, dtype=dtype, device=device, scale=1.5)
     k = rand(B, Sk, Hkv, D, dtype=dtype, device=device, scale=1.5)
@@ -114,11 +138,11 @@ def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_p
     dout = rand(B, Sq, H, D, dtype=dtype, device=device)
     kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
               k_stride=k_pos[1])
-    out, lse = attention_fwd(q, k, v, **kw)
-    assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
-    assert lse.shape == (B, H, Sq) and lse.dtype == torch.float32
-    delta = attention_delta(out, dout)
-    with attention_config.override(**BWD_MODES[mode]):
+    with attention_config.override(**MODES[mode]):
+        out, lse = attention_fwd(q, k, v, **kw)
+        assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+        assert lse.shape == (B, H, Sq) and lse.dtype == torch.float32
+        delta = attention_delta(out, dout)
         dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, **kw)
     ref = oracle(q, k, v, scale, causal, q_pos, k_pos, dout)
     tol = TOL[dtype]
@@ -152,9 +176,9 @@ def test_cpu_masks(dtype, causal, q_pos, k_pos):
     run_and_check(1, 37, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos)
 
 
-@pytest.mark.parametrize("mode", ["atomic", "split", "atomic+split"])
+@pytest.mark.parametrize("mode", ["atomic", "split", "atomic+split", "tma"])
 @pytest.mark.parametrize("causal,q_pos,k_pos", [CPU_MASKS[0], CPU_MASKS[2], CPU_MASKS[5]])
-def test_cpu_masks_bwd_modes(causal, q_pos, k_pos, mode):
+def test_cpu_masks_modes(causal, q_pos, k_pos, mode):
     run_and_check(1, 37, 45, 4, 2, 32, torch.float16, CPU, causal, q_pos, k_pos, mode=mode)
 
 
@@ -179,7 +203,7 @@ def test_cpu_invisible_block():
     run_and_check(1, 21, 30, 2, 1, 32, torch.float16, CPU, True, (0, 1), (50, 1))
 
 
-@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+@pytest.mark.parametrize("mode", ["separate", "atomic+split", "tma"])
 def test_cpu_varlen(mode):
     """Packed sequences of lengths 1, 7, 13 (queries) and 7, 1, 13 (keys): none sees another."""
     dtype, H, Hkv, D, scale = torch.float32, 4, 2, 32, 0.3
@@ -192,11 +216,11 @@ def test_cpu_varlen(mode):
         dout = rand(21, H, D, dtype=dtype, device=CPU)
         kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
                   k_stride=k_pos[1], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-        out, lse = attention_fwd(q, k, v, **kw)
-        assert lse.shape == (H, 21)
-        delta = attention_delta(out, dout)
-        assert delta.shape == (H, 21)
-        with attention_config.override(**BWD_MODES[mode]):
+        with attention_config.override(**MODES[mode]):
+            out, lse = attention_fwd(q, k, v, **kw)
+            assert lse.shape == (H, 21)
+            delta = attention_delta(out, dout)
+            assert delta.shape == (H, 21)
             dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, max_seqlen_q=13, max_seqlen_k=13, **kw)
         ref = oracle_varlen(q, k, v, cu_q, cu_k, scale, causal, q_pos, k_pos, dout)
         check("out", out, ref[0], TOL[dtype])
@@ -205,7 +229,7 @@ def test_cpu_varlen(mode):
             check(name, x, r, 2 * TOL[dtype])
 
 
-@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+@pytest.mark.parametrize("mode", ["separate", "atomic+split", "tma"])
 def test_cpu_strided_accumulate_and_dlse(mode):
     """Inputs and gradient buffers are slices along dim 1 of bigger tensors; gradients are ADDED
     into the buffers; passing delta - dlse also propagates a gradient of lse."""
@@ -216,13 +240,13 @@ def test_cpu_strided_accumulate_and_dlse(mode):
     dout = rand(B, Sq, H, D, dtype=dtype, device=CPU)
     dlse = rand(B, H, Sq, dtype=torch.float32, device=CPU)
     kw = dict(softmax_scale=scale, causal=True, q_offset=20, k_offset=3)
-    out, lse = attention_fwd(q, k, v, out_dtype=torch.float32, **kw)
-    assert out.dtype == torch.float32
-    delta = attention_delta(out, dout) - dlse
     bufs = [torch.randn(B, S + 6, h, D) for S, h in ((Sq, H), (Sk, Hkv), (Sk, Hkv))]
     views = [buf[:, 3:-3] for buf in bufs]
     before = [view.clone() for view in views]
-    with attention_config.override(**BWD_MODES[mode]):
+    with attention_config.override(**MODES[mode]):
+        out, lse = attention_fwd(q, k, v, out_dtype=torch.float32, **kw)
+        assert out.dtype == torch.float32
+        delta = attention_delta(out, dout) - dlse
         dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, dq=views[0], dk=views[1], dv=views[2], **kw)
     for got, view in zip((dq, dk, dv), views):
         assert got.data_ptr() == view.data_ptr()
@@ -232,6 +256,18 @@ def test_cpu_strided_accumulate_and_dlse(mode):
         check(name, x - b0, r, 2 * TOL[dtype])
     for buf in bufs:  # the margins around the views are untouched
         assert torch.isfinite(buf).all()
+
+
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_cpu_forward_warp_spec(monkeypatch, case):
+    """Keys in whole tiles, all visible: the single-loop (warp-specialized) forward runs."""
+    seen = forward_paths(monkeypatch)
+    run_and_check(2, 36, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
+    assert seen == [True]
+    seen.clear()  # a ragged key block, or a query count off the lse alignment: the two-loop kernel
+    run_and_check(1, 36, 45, 4, 2, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
+    run_and_check(1, 37, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
+    assert seen == [False, False]
 
 
 def test_cpu_rejects_bad_input():
@@ -273,12 +309,26 @@ GPU_SHAPES = [  # (dtype, head_dim, heads, kv_heads)
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["separate", "atomic", "split"])
+@pytest.mark.parametrize("mode", ["separate", "atomic", "split", "tma", "tma+ws"])
 @pytest.mark.parametrize("dtype,D,H,Hkv", GPU_SHAPES)
 def test_gpu_masks(dtype, D, H, Hkv, mode):
     Sq, Sk = 301, 517
     for causal, q_pos, k_pos in gpu_masks(Sq, Sk):
         run_and_check(2, Sq, Sk, H, Hkv, D, dtype, torch.device("cuda"), causal, q_pos, k_pos, mode=mode)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,D,H,Hkv", [(torch.bfloat16, 128, 8, 2), (torch.bfloat16, 64, 4, 4),
+                                           (torch.float16, 128, 4, 1)])
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_gpu_forward_warp_spec(monkeypatch, dtype, D, H, Hkv, case):
+    """Keys in whole 128-row tiles, all visible: the warp-specialized forward (Hopper) runs."""
+    seen = forward_paths(monkeypatch)
+    for Sq in (1000, 128):
+        run_and_check(2, Sq, 256, H, Hkv, D, dtype, torch.device("cuda"), *all_visible(256, case), mode="tma+ws")
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert seen == [True, True]
 
 
 @gpu
@@ -290,7 +340,7 @@ def test_gpu_float32_exact(causal):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+@pytest.mark.parametrize("mode", ["separate", "atomic+split", "tma"])
 @pytest.mark.parametrize("causal,q_pos,k_pos", [(False, (0, 1), (0, 1)), (True, (0, 1), (0, 1)),
                                                 (True, (5, 1), (0, 1)), (True, (0, 2), (1, 2))])
 def test_gpu_varlen(causal, q_pos, k_pos, mode):
@@ -305,8 +355,8 @@ def test_gpu_varlen(causal, q_pos, k_pos, mode):
     dout = rand(Tq, H, D, dtype=dtype, device=dev)
     kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
               k_stride=k_pos[1], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=1000)
-    out, lse = attention_fwd(q, k, v, **kw)
-    with attention_config.override(**BWD_MODES[mode]):
+    with attention_config.override(**MODES[mode]):
+        out, lse = attention_fwd(q, k, v, **kw)
         dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, attention_delta(out, dout), **kw)
     ref = oracle_varlen(q, k, v, cu_q.cpu(), cu_k.cpu(), scale, causal, q_pos, k_pos, dout)
     check("out", out, ref[0], TOL[dtype])
@@ -317,7 +367,7 @@ def test_gpu_varlen(causal, q_pos, k_pos, mode):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["separate", "atomic+split"])
+@pytest.mark.parametrize("mode", ["separate", "atomic+split", "tma"])
 def test_gpu_strided_accumulate(mode):
     dev, dtype, B, Sq, Sk, H, Hkv, D, scale = torch.device("cuda"), torch.bfloat16, 2, 333, 270, 8, 4, 128, 0.1
     big_q = rand(B, Sq + 10, H, D, dtype=dtype, device=dev)
@@ -325,11 +375,11 @@ def test_gpu_strided_accumulate(mode):
     q, k, v = big_q[:, 10:], big_kv[:, :Sk, 0], big_kv[:, :Sk, 1]
     dout = rand(B, Sq, H, D, dtype=dtype, device=dev)
     kw = dict(softmax_scale=scale, causal=True, q_offset=100, k_offset=0)
-    out, lse = attention_fwd(q, k, v, out_dtype=torch.float32, **kw)
     bufs = [torch.randn(B, S + 6, h, D, device=dev) for S, h in ((Sq, H), (Sk, Hkv), (Sk, Hkv))]
     views = [buf[:, 2:-4] for buf in bufs]
     before = [view.clone() for view in views]
-    with attention_config.override(**BWD_MODES[mode]):
+    with attention_config.override(**MODES[mode]):
+        out, lse = attention_fwd(q, k, v, out_dtype=torch.float32, **kw)
         dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, attention_delta(out, dout), dq=views[0], dk=views[1],
                                    dv=views[2], **kw)
     ref = oracle(q, k, v, scale, True, (100, 1), (0, 1), dout)

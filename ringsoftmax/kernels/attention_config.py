@@ -50,11 +50,16 @@ _SM90_16BIT = {
     ("dq", 64): {False: Tile(128, 64, 8, 3), True: Tile(64, 64, 4, 3)},
     ("dq", 128): Tile(128, 128, 8, 2),
     ("dq", 256): Tile(64, 32, 8, 2),
+    # the warp-specialized forward (fwd_warp_spec): one producer warp and two 4-warp consumer
+    # groups need num_warps=4; 3 stages do not fit at D=128 and gave NaN at D=64 (triton 3.6)
+    ("fwd_ws", 64): Tile(128, 128, 4, 2),
+    ("fwd_ws", 128): Tile(128, 128, 4, 2),
 }
 
 # Other CUDA GPUs (Ampere, Ada, ...) and any head dim not above: conservative tiles.
 _GENERIC_16BIT = {
     "fwd": Tile(64, 64, 4, 2),
+    "fwd_ws": Tile(128, 128, 4, 2),
     "dkdv": Tile(32, 64, 4, 2),
     "dq": Tile(64, 32, 4, 2),
 }
@@ -73,12 +78,20 @@ _SM90_DQ_ATOMIC: set[int] = set()
 # predicates): 8-19% faster backward on an H200 at D=64 and 128 (D=256 not measured).
 _SM90_DKDV_SPLIT_TAIL: set[int] = {64, 128}
 
+# Padded head dims for which the Hopper forward reads Q/K/V through on-device tensor descriptors
+# (TMA), and for which it runs the warp-specialized kernel (Triton splits its one key loop into a
+# TMA-load warp and two compute groups) on block pairs where no tile needs a mask. Inputs whose
+# strides or base addresses are not 16-byte aligned, or whose head dim is not a power of two,
+# always take the pointer path.
+_SM90_FWD_TMA: set[int] = {128}
+_SM90_FWD_WARP_SPEC: set[int] = {128}
+
 _OVERRIDE: dict = {}
 
 
 def tile_for(kernel: str, device: torch.device, head_dim_pad: int, dtype: torch.dtype,
              causal: bool) -> Tile:
-    """The tile for ``kernel`` ("fwd", "dkdv" or "dq") on ``device``.
+    """The tile for ``kernel`` ("fwd", "fwd_ws", "dkdv" or "dq") on ``device``.
 
     ``head_dim_pad`` is the head dim rounded up to a power of two (>= 16); head dims below 64 use
     the 64 entry. ``causal`` is part of the key so that causal and full attention can be tuned apart.
@@ -116,11 +129,22 @@ def dkdv_split_tail(device: torch.device, head_dim_pad: int, dtype: torch.dtype,
     return _sm90_flag("dkdv_split_tail", _SM90_DKDV_SPLIT_TAIL, device, head_dim_pad, dtype)
 
 
+def fwd_tma(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the forward loads through tensor descriptors (TMA), where the inputs allow it."""
+    return _sm90_flag("fwd_tma", _SM90_FWD_TMA, device, head_dim_pad, dtype)
+
+
+def fwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the forward runs warp-specialized (with TMA loads) where no tile needs a mask."""
+    return _sm90_flag("fwd_warp_spec", _SM90_FWD_WARP_SPEC, device, head_dim_pad, dtype)
+
+
 @contextlib.contextmanager
 def override(**tiles):
-    """Use the given tiles (``fwd=``, ``dkdv=``, ``dq=``: Tile) or backward modes (``dq_atomic=``,
-    ``dkdv_split_tail=``: bool) instead of the table, e.g. to tune or to test every mode."""
-    unknown = set(tiles) - {"fwd", "dkdv", "dq", "dq_atomic", "dkdv_split_tail"}
+    """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``: Tile) or modes
+    (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``: bool) instead of the
+    table, e.g. to tune or to test every mode."""
+    unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dq_atomic", "dkdv_split_tail", "fwd_tma", "fwd_warp_spec"}
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}")
     saved = dict(_OVERRIDE)

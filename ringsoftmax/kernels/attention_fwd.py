@@ -16,6 +16,7 @@ sequence). The helpers ``_key_ranges``, ``_load_rows`` and ``_Problem`` are shar
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -82,18 +83,26 @@ def _seq_bounds(Cu, seq, n_dense, VARLEN: tl.constexpr):
 
 # ----------------------------------------------------------------------------- forward kernel
 @triton.jit
-def _fwd_steps(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset, k_stride,
-               qk_scale, offs_n, offs_d,
+def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset,
+               k_stride, qk_scale, offs_n, offs_d,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax steps over key tiles [lo, hi); scores in log2 units (scale includes log2 e)."""
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               TMA: tl.constexpr, WARP_SPEC: tl.constexpr):
+    """Online-softmax steps over key tiles [lo, hi); scores in log2 units (scale includes log2 e).
+
+    K/V tiles come through the tensor descriptors ``desc_k``/``desc_v`` (TMA: rows past Sk read 0)
+    when TMA, else through pointers from ``K``/``V``. WARP_SPEC asks Triton to split the loop into
+    load and compute warps (Hopper/Blackwell, with TMA)."""
     k_tile = offs_n[:, None] * stride_ks + offs_d[None, :]
     v_tile = offs_n[:, None] * stride_vs + offs_d[None, :]
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         # load the K tile and score it
-        k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+        if TMA:
+            k = desc_k.load([start_n, 0])
+        else:
+            k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASKED:
             # straddling tile: hide keys past the end and, if causal, keys after the query
@@ -112,7 +121,10 @@ def _fwd_steps(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, lo, hi, Sk, q_pos, 
         # rescale the running sums to the new maximum, then add this tile
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+        if TMA:
+            v = desc_v.load([start_n, 0])
+        else:
+            v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -128,7 +140,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK,
                      Sq, Sk, H, GROUP, q_offset, q_stride, k_offset, k_stride, qk_scale,
                      HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
     # which query tile, batch (or sequence) and head; causal: heaviest tiles first
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -139,8 +152,10 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK,
     q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
     k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
     start_m = pid_m * BLOCK_M
-    if start_m >= Sq:
-        return
+    if VARLEN:
+        # the grid covers the longest sequence; shorter ones have no rows here
+        if start_m >= Sq:
+            return
 
     # base pointers of this (batch, head); K/V of the group's shared head
     b64 = b.to(tl.int64)
@@ -153,34 +168,59 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK,
     q_pos = q_offset + offs_m * q_stride
 
     # the query tile stays in registers/shared memory for the whole loop
-    q_tile = tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :]
-    q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, offs_m, Sq, offs_d, HEAD_DIM, D_PAD, True)
+    if TMA:
+        # tensor descriptors of this head's (rows, HEAD_DIM) slices: TMA reads 0 past the last row
+        desc_q = tl.make_tensor_descriptor(Q, shape=[Sq, HEAD_DIM], strides=[stride_qs, 1],
+                                           block_shape=[BLOCK_M, D_PAD])
+        desc_k = tl.make_tensor_descriptor(K, shape=[Sk, HEAD_DIM], strides=[stride_ks, 1],
+                                           block_shape=[BLOCK_N, D_PAD])
+        desc_v = tl.make_tensor_descriptor(V, shape=[Sk, HEAD_DIM], strides=[stride_vs, 1],
+                                           block_shape=[BLOCK_N, D_PAD])
+        q = desc_q.load([start_m, 0])
+    else:
+        desc_k = K
+        desc_v = V
+        q_tile = tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :]
+        q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, offs_m, Sq, offs_d, HEAD_DIM, D_PAD, True)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
-    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped
+    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped.
+    # WARP_SPEC: the launcher has checked that every row sees every key (no masked range), and
+    # Triton's Hopper warp specialization takes a kernel with that one loop only.
     full_end, hi = _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, 0, full_end, Sk, q_pos, k_offset,
-                               k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, False, CAUSAL,
-                               DOT_PRECISION)
-    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, full_end, hi, Sk, q_pos, k_offset,
-                               k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, True, CAUSAL,
-                               DOT_PRECISION)
+    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, 0, full_end, Sk,
+                               q_pos, k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
+                               False, CAUSAL, DOT_PRECISION, TMA, WARP_SPEC)
+    if not WARP_SPEC:
+        acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, full_end, hi, Sk,
+                                   q_pos, k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
+                                   True, CAUSAL, DOT_PRECISION, TMA, False)
 
     # epilogue: normalize; rows that saw no key get out = 0, lse = -inf
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    row_ok = offs_m < Sq
-    o_ptrs = (Out + b64 * stride_ob + (q_start + offs_m).to(tl.int64)[:, None] * stride_os + h * stride_oh
-              + offs_d[None, :])
-    if D_PAD == HEAD_DIM:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if WARP_SPEC:
+        # through descriptors (scalar offsets): triton 3.6's Hopper warp specialization, splitting
+        # the rows over two compute groups, offsets a "start + arange" row vector twice
+        desc_o = tl.make_tensor_descriptor(Out + b64 * stride_ob + h * stride_oh, shape=[Sq, HEAD_DIM],
+                                           strides=[stride_os, 1], block_shape=[BLOCK_M, D_PAD])
+        desc_o.store([start_m, 0], out.to(Out.dtype.element_ty))
+        desc_lse = tl.make_tensor_descriptor(Lse + b64 * stride_lb + h * stride_lh, shape=[Sq], strides=[1],
+                                             block_shape=[BLOCK_M])
+        desc_lse.store([start_m], lse)
     else:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
-    tl.store(Lse + b64 * stride_lb + h * stride_lh + (q_start + offs_m) * stride_ls, lse, mask=row_ok)
+        row_ok = offs_m < Sq
+        o_ptrs = (Out + b64 * stride_ob + (q_start + offs_m).to(tl.int64)[:, None] * stride_os + h * stride_oh
+                  + offs_d[None, :])
+        if D_PAD == HEAD_DIM:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+        tl.store(Lse + b64 * stride_lb + h * stride_lh + (q_start + offs_m) * stride_ls, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -275,14 +315,52 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def tma_ready(prob: _Problem, *tensors: torch.Tensor) -> bool:
+    """Whether tensor descriptors can address these q/k/v-shaped tensors: a power-of-two head dim,
+    16-byte aligned base addresses and 16-byte multiples for every stride but the last."""
+    if prob.d_pad != prob.head_dim:
+        return False
+    for x in tensors:
+        size = x.element_size()
+        if x.data_ptr() % 16 or any((st * size) % 16 for st in x.stride()[:-1]):
+            return False
+    return True
+
+
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+@contextlib.contextmanager
+def descriptor_scratch():
+    """On-device tensor descriptors live in a scratch buffer that Triton asks for at launch: use
+    torch's allocator for it during this block, unless the caller has set an allocator."""
+    try:
+        from triton.runtime import _allocation
+        var, null = _allocation._allocator, _allocation.NullAllocator
+    except (ImportError, AttributeError):   # older layout: set it for good
+        triton.set_allocator(_scratch)
+        yield
+        return
+    if not isinstance(var.get(), null):
+        yield
+        return
+    token = var.set(_scratch)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 _FALLBACK_CHOICE: dict[tuple, config.Tile] = {}
 
 
-def launch(kernel, grid, args: tuple, kwargs: dict, tile: config.Tile, key: tuple) -> None:
+def launch(kernel, grid, args: tuple, kwargs: dict, tile: config.Tile, key: tuple,
+           fallback: tuple = config.FALLBACK) -> None:
     """Launch ``kernel`` with ``tile``; if it needs more shared memory than the device has, try
-    ``config.FALLBACK`` in order and remember the first that fits for ``key``."""
+    ``fallback`` in order and remember the first that fits for ``key``."""
     first = _FALLBACK_CHOICE.get(key + (tile,), tile)
-    for t in (first,) + tuple(f for f in config.FALLBACK if f != first):
+    for t in (first,) + tuple(f for f in fallback if f != first):
         try:
             kernel[grid(t)](*args, **kwargs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                             num_warps=t.num_warps, num_stages=t.num_stages)
@@ -334,8 +412,35 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
     args = (q, k, v, out, lse, cu_q, cu_k, *prob.strides(q), *prob.strides(k), *prob.strides(v),
             *prob.strides(out), *lse_strides, prob.max_q, prob.max_k, prob.heads, prob.heads // prob.kv_heads,
             int(q_offset), int(q_stride), int(k_offset), int(k_stride), float(softmax_scale) * LOG2E)
+    # loads through tensor descriptors (TMA) where the table says so and the inputs allow it; the
+    # warp-specialized single-loop kernel (always TMA) where, in addition, no tile needs a mask
+    descriptors = tma_ready(prob, q, k, v)
+    ws_tile = config.tile_for("fwd_ws", q.device, prob.d_pad, q.dtype, bool(causal))
+    warp_spec = (descriptors and config.fwd_warp_spec(q.device, prob.d_pad, q.dtype, bool(causal))
+                 and warp_spec_ready(prob, causal, q_offset, q_stride, k_offset, k_stride, ws_tile.block_n))
+    tma = descriptors and config.fwd_tma(q.device, prob.d_pad, q.dtype, bool(causal))
     kwargs = dict(HEAD_DIM=prob.head_dim, D_PAD=prob.d_pad, CAUSAL=bool(causal), VARLEN=prob.varlen,
                   DOT_PRECISION=dot_precision(q.dtype))
     grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
-    launch(_attn_fwd_kernel, grid, args, kwargs, tile, ("fwd", q.device.type, prob.d_pad, q.dtype, bool(causal)))
+    key = ("fwd", q.device.type, prob.d_pad, q.dtype, bool(causal))
+    with descriptor_scratch() if descriptors else contextlib.nullcontext():
+        if warp_spec:
+            try:  # its one tile only: other tiles are not validated with warp specialization
+                launch(_attn_fwd_kernel, grid, args, dict(kwargs, TMA=True, WARP_SPEC=True), ws_tile,
+                       key + ("ws",), fallback=())
+                return out, lse
+            except RuntimeError:   # does not fit this device's shared memory
+                pass
+        launch(_attn_fwd_kernel, grid, args, dict(kwargs, TMA=tma), tile, key + (tma,))
     return out, lse
+
+
+def warp_spec_ready(prob: _Problem, causal: bool, q_offset: int, q_stride: int, k_offset: int, k_stride: int,
+                    block_n: int) -> bool:
+    """Whether the single-loop, warp-specialized forward applies: every query row sees every key in
+    whole ``block_n`` tiles (dense, ``Sk % block_n == 0``, and, if causal, the last key at or before
+    the first query), and each (batch, head) row of the fresh contiguous lse starts 16-byte aligned
+    (``Sq % 4 == 0``), as its descriptor store needs."""
+    if prob.varlen or prob.max_k % block_n or prob.max_q % 4:
+        return False
+    return not causal or int(k_offset) + (prob.max_k - 1) * int(k_stride) <= int(q_offset)
