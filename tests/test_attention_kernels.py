@@ -101,19 +101,19 @@ MODES = {
     "split": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=False),
     "atomic+split": dict(dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
     "tma": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
-    "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True),
-    "ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=False, fwd_warp_spec=True),
+    "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_resume_min_keys=0),
 }
 
 
 def forward_paths(monkeypatch):
-    """Record the WARP_SPEC value of every forward launch (a list the test reads afterwards)."""
+    """Record which forward kernel each launch ran: "ws" (warp-specialized, unmasked keys),
+    "resume" (masked keys after "ws") or "plain" (a list the test reads afterwards)."""
     from ringsoftmax.kernels import attention_fwd as fwd_module
     seen, real = [], fwd_module.launch
 
     def recording(kernel, grid, args, kwargs, *rest, **kw):
         if kernel is fwd_module._attn_fwd_kernel:
-            seen.append(bool(kwargs.get("WARP_SPEC", False)))
+            seen.append("ws" if kwargs.get("WARP_SPEC") else "resume" if kwargs.get("RESUME") else "plain")
         return real(kernel, grid, args, kwargs, *rest, **kw)
 
     monkeypatch.setattr(fwd_module, "launch", recording)
@@ -260,14 +260,36 @@ def test_cpu_strided_accumulate_and_dlse(mode):
 
 @pytest.mark.parametrize("case", [0, 1, 2])
 def test_cpu_forward_warp_spec(monkeypatch, case):
-    """Keys in whole tiles, all visible: the single-loop (warp-specialized) forward runs."""
+    """Keys in whole tiles, all visible: the warp-specialized kernel alone; a ragged key block adds
+    the resuming launch for the masked tail; a query count off the lse alignment runs the plain one."""
     seen = forward_paths(monkeypatch)
     run_and_check(2, 36, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
-    assert seen == [True]
-    seen.clear()  # a ragged key block, or a query count off the lse alignment: the two-loop kernel
+    assert seen == ["ws"]
+    seen.clear()
     run_and_check(1, 36, 45, 4, 2, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
+    assert seen == ["ws", "resume"]
+    seen.clear()
     run_and_check(1, 37, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
-    assert seen == [False, False]
+    assert seen == ["plain"]
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+@pytest.mark.parametrize("causal,q_pos,k_pos", CPU_MASKS)
+def test_cpu_forward_split_launches(monkeypatch, causal, q_pos, k_pos, out_dtype):
+    """Every ring-step mask through the two-launch forward (unmasked keys, then the masked keys
+    resuming from their (out, lse)), including rows that see no key, and float32 output (in place)."""
+    seen = forward_paths(monkeypatch)
+    q = rand(2, 36, 4, 32, dtype=torch.float16, device=CPU, scale=1.5)
+    k = rand(2, 45, 2, 32, dtype=torch.float16, device=CPU, scale=1.5)
+    v = rand(2, 45, 2, 32, dtype=torch.float16, device=CPU)
+    with attention_config.override(**MODES["tma+ws"]):
+        out, lse = attention_fwd(q, k, v, softmax_scale=0.2, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1],
+                                 k_offset=k_pos[0], k_stride=k_pos[1], out_dtype=out_dtype)
+    assert seen == ["ws", "resume"]
+    assert out.dtype == (out_dtype or torch.float16)
+    ref = oracle(q, k, v, 0.2, causal, q_pos, k_pos)
+    check("out", out, ref[0], TOL[torch.float16])
+    check_lse(lse, ref[1], LSE_ATOL[torch.float16])
 
 
 def test_cpu_rejects_bad_input():
@@ -321,14 +343,19 @@ def test_gpu_masks(dtype, D, H, Hkv, mode):
 @needs_cuda
 @pytest.mark.parametrize("dtype,D,H,Hkv", [(torch.bfloat16, 128, 8, 2), (torch.bfloat16, 64, 4, 4),
                                            (torch.float16, 128, 4, 1)])
-@pytest.mark.parametrize("case", [0, 1, 2])
-def test_gpu_forward_warp_spec(monkeypatch, dtype, D, H, Hkv, case):
-    """Keys in whole 128-row tiles, all visible: the warp-specialized forward (Hopper) runs."""
+def test_gpu_forward_warp_spec(monkeypatch, dtype, D, H, Hkv):
+    """Every ring-step mask through the warp-specialized forward (Hopper): alone where every key is
+    visible in whole tiles, else followed by the launch for the masked keys."""
     seen = forward_paths(monkeypatch)
-    for Sq in (1000, 128):
-        run_and_check(2, Sq, 256, H, Hkv, D, dtype, torch.device("cuda"), *all_visible(256, case), mode="tma+ws")
+    dev = torch.device("cuda")
+    for Sq, Sk in ((1000, 256), (128, 517)):
+        for case in (0, 1, 2):
+            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, *all_visible(Sk, case), mode="tma+ws")
+        for causal, q_pos, k_pos in gpu_masks(Sq, Sk):
+            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, causal, q_pos, k_pos, mode="tma+ws")
     if torch.cuda.get_device_capability()[0] == 9:
-        assert seen == [True, True]
+        assert "plain" not in seen and seen.count("ws") == 2 * (3 + len(gpu_masks(1, 1)))
+        assert seen.count("resume") > 0
 
 
 @gpu

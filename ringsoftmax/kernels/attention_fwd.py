@@ -131,7 +131,7 @@ def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, lo,
 
 
 @triton.jit(do_not_specialize=["Sq", "Sk", "q_offset", "k_offset"])
-def _attn_fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK,
+def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
                      stride_qb, stride_qs, stride_qh,
                      stride_kb, stride_ks, stride_kh,
                      stride_vb, stride_vs, stride_vh,
@@ -141,7 +141,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK,
                      HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
+                     TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
+                     RESUME: tl.constexpr = False):
     # which query tile, batch (or sequence) and head; causal: heaviest tiles first
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -182,17 +183,27 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK,
         desc_v = V
         q_tile = tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :]
         q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, offs_m, Sq, offs_d, HEAD_DIM, D_PAD, True)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-
     # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped.
-    # WARP_SPEC: the launcher has checked that every row sees every key (no masked range), and
-    # Triton's Hopper warp specialization takes a kernel with that one loop only.
+    # Split over two launches (Triton's Hopper warp specialization takes a kernel with one loop):
+    # WARP_SPEC runs the unmasked keys only; RESUME runs the masked keys only, continuing from the
+    # (out, lse) of the unmasked keys that the first launch left in Prev (float32) and Lse.
     full_end, hi = _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, 0, full_end, Sk,
-                               q_pos, k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
-                               False, CAUSAL, DOT_PRECISION, TMA, WARP_SPEC)
+    if RESUME:
+        # online-softmax state from (out, lse): m = lse (log2 units), l = 1, acc = out
+        row_ok = offs_m < Sq
+        prev_lse = tl.load(Lse + b64 * stride_lb + h * stride_lh + offs_m * stride_ls, mask=row_ok,
+                           other=float("-inf"))
+        m_i = prev_lse * 1.4426950408889634
+        l_i = tl.where(prev_lse == float("-inf"), 0.0, 1.0)
+        acc = tl.load(Prev + b64 * stride_ob + offs_m.to(tl.int64)[:, None] * stride_os + h * stride_oh
+                      + offs_d[None, :], mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, 0, full_end, Sk,
+                                   q_pos, k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
+                                   False, CAUSAL, DOT_PRECISION, TMA, WARP_SPEC)
     if not WARP_SPEC:
         acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, full_end, hi, Sk,
                                    q_pos, k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
@@ -409,15 +420,15 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
         return out, lse
     tile = config.tile_for("fwd", q.device, prob.d_pad, q.dtype, bool(causal))
     cu_q, cu_k = prob.cu_args(q.device)
-    args = (q, k, v, out, lse, cu_q, cu_k, *prob.strides(q), *prob.strides(k), *prob.strides(v),
+    args = (q, k, v, out, lse, out, cu_q, cu_k, *prob.strides(q), *prob.strides(k), *prob.strides(v),
             *prob.strides(out), *lse_strides, prob.max_q, prob.max_k, prob.heads, prob.heads // prob.kv_heads,
             int(q_offset), int(q_stride), int(k_offset), int(k_stride), float(softmax_scale) * LOG2E)
     # loads through tensor descriptors (TMA) where the table says so and the inputs allow it; the
-    # warp-specialized single-loop kernel (always TMA) where, in addition, no tile needs a mask
+    # warp-specialized kernel (always TMA) for the unmasked keys where the table says so, followed,
+    # if any tile needs a mask, by a launch for the masked keys that resumes from its (out, lse)
     descriptors = tma_ready(prob, q, k, v)
-    ws_tile = config.tile_for("fwd_ws", q.device, prob.d_pad, q.dtype, bool(causal))
     warp_spec = (descriptors and config.fwd_warp_spec(q.device, prob.d_pad, q.dtype, bool(causal))
-                 and warp_spec_ready(prob, causal, q_offset, q_stride, k_offset, k_stride, ws_tile.block_n))
+                 and warp_spec_ready(prob))
     tma = descriptors and config.fwd_tma(q.device, prob.d_pad, q.dtype, bool(causal))
     kwargs = dict(HEAD_DIM=prob.head_dim, D_PAD=prob.d_pad, CAUSAL=bool(causal), VARLEN=prob.varlen,
                   DOT_PRECISION=dot_precision(q.dtype))
@@ -425,22 +436,44 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
     key = ("fwd", q.device.type, prob.d_pad, q.dtype, bool(causal))
     with descriptor_scratch() if descriptors else contextlib.nullcontext():
         if warp_spec:
+            ws_tile = config.tile_for("fwd_ws", q.device, prob.d_pad, q.dtype, bool(causal))
+            masked = not every_key_visible(prob, causal, q_offset, k_offset, k_stride, ws_tile.block_n)
+            warp_spec = not masked or prob.max_k >= config.fwd_resume_min_keys(q.device)
+        if warp_spec:
+            # the unmasked part's (out, lse), in float32 when the masked part continues from it
+            part = out if (out_dtype == torch.float32 or not masked) else torch.empty(
+                q.shape, dtype=torch.float32, device=q.device)
             try:  # its one tile only: other tiles are not validated with warp specialization
-                launch(_attn_fwd_kernel, grid, args, dict(kwargs, TMA=True, WARP_SPEC=True), ws_tile,
-                       key + ("ws",), fallback=())
-                return out, lse
+                launch(_attn_fwd_kernel, grid, _with_outputs(args, part, part),
+                       dict(kwargs, TMA=True, WARP_SPEC=True), ws_tile, key + ("ws",), fallback=())
             except RuntimeError:   # does not fit this device's shared memory
-                pass
+                warp_spec = False
+            if warp_spec and masked:
+                # the same row/key tiles as the first launch, so that both agree where masks start
+                resume = config.Tile(ws_tile.block_m, ws_tile.block_n, tile.num_warps, tile.num_stages)
+                launch(_attn_fwd_kernel, grid, _with_outputs(args, out, part),
+                       dict(kwargs, TMA=True, RESUME=True), resume, key + ("resume",), fallback=())
+            if warp_spec:
+                return out, lse
         launch(_attn_fwd_kernel, grid, args, dict(kwargs, TMA=tma), tile, key + (tma,))
     return out, lse
 
 
-def warp_spec_ready(prob: _Problem, causal: bool, q_offset: int, q_stride: int, k_offset: int, k_stride: int,
-                    block_n: int) -> bool:
-    """Whether the single-loop, warp-specialized forward applies: every query row sees every key in
-    whole ``block_n`` tiles (dense, ``Sk % block_n == 0``, and, if causal, the last key at or before
-    the first query), and each (batch, head) row of the fresh contiguous lse starts 16-byte aligned
-    (``Sq % 4 == 0``), as its descriptor store needs."""
-    if prob.varlen or prob.max_k % block_n or prob.max_q % 4:
+def _with_outputs(args: tuple, out: torch.Tensor, prev: torch.Tensor) -> tuple:
+    """The forward kernel's arguments with ``Out`` and ``Prev`` replaced (same shape and strides)."""
+    return args[:3] + (out, args[4], prev) + args[6:]
+
+
+def warp_spec_ready(prob: _Problem) -> bool:
+    """Whether the warp-specialized forward can run: dense inputs, and each (batch, head) row of the
+    fresh contiguous lse starts 16-byte aligned (``Sq % 4 == 0``), as its descriptor store needs."""
+    return not prob.varlen and prob.max_q % 4 == 0
+
+
+def every_key_visible(prob: _Problem, causal: bool, q_offset: int, k_offset: int, k_stride: int,
+                      block_n: int) -> bool:
+    """Whether every query row sees every key in whole ``block_n`` tiles (no masked tile at all):
+    ``Sk % block_n == 0`` and, if causal, the last key at or before the first query."""
+    if prob.max_k % block_n:
         return False
     return not causal or int(k_offset) + (prob.max_k - 1) * int(k_stride) <= int(q_offset)
