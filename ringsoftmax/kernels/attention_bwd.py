@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from . import attention_config as config
-from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _seq_bounds, check_problem, dot_precision, launch,
-                            unit_last_stride)
+from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, dot_precision,
+                            launch, unit_last_stride)
 
 
 # ----------------------------------------------------------------------------- delta = rowsum(dout * out)
@@ -255,16 +255,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, CuQ, CuK,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ACCUMULATE: tl.constexpr,
                         DOT_PRECISION: tl.constexpr):
-    # which query tile, batch (or sequence) and head; causal: heaviest tiles first
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
-    k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
-    start_m = pid_m * BLOCK_M
+    b, h, q_start, Sq, k_start, Sk, start_m = _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M, CAUSAL, VARLEN)
     if start_m >= Sq:
         return
     b64 = b.to(tl.int64)

@@ -11,7 +11,7 @@ and tiles no row sees (skipped). A row with no visible key gets ``out = 0`` and 
 Layouts: dense ``q (B, Sq, H, D)``, ``k, v (B, Sk, Hkv, D)`` with ``H % Hkv == 0`` (GQA reads the
 shared K/V head, never a copy), any strides with unit last stride; or packed variable-length
 ``q (Tq, H, D)``, ``k, v (Tk, Hkv, D)`` with ``cu_seqlens`` (positions restart at 0 in each
-sequence). The helpers ``_key_ranges``, ``_load_rows`` and ``_Problem`` are shared with
+sequence). The helpers ``_key_ranges``, ``_load_rows``, ``_query_tile`` and ``_Problem`` are shared with
 ``attention_bwd.py``.
 """
 from __future__ import annotations
@@ -81,6 +81,22 @@ def _seq_bounds(Cu, seq, n_dense, VARLEN: tl.constexpr):
     return start, n
 
 
+@triton.jit
+def _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr):
+    """This program's query tile (grid: query tiles x batch*heads); causal: heaviest tiles first.
+
+    Returns (batch or sequence, head, first query token, Sq, first key token, Sk, first row)."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
+    k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
+    return b, h, q_start, Sq, k_start, Sk, pid_m * BLOCK_M
+
+
 # ----------------------------------------------------------------------------- forward kernel
 @triton.jit
 def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset,
@@ -143,16 +159,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
                      CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
                      RESUME: tl.constexpr = False):
-    # which query tile, batch (or sequence) and head; causal: heaviest tiles first
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
-    k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
-    start_m = pid_m * BLOCK_M
+    b, h, q_start, Sq, k_start, Sk, start_m = _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M, CAUSAL, VARLEN)
     if VARLEN:
         # the grid covers the longest sequence; shorter ones have no rows here
         if start_m >= Sq:
