@@ -94,30 +94,44 @@ def rand(*shape, dtype, device, scale=1.0):
 
 # Kernel modes (attention_config): dQ in its own kernel or by atomics in the dK/dV kernel; the
 # dK/dV kernel with or without a separate loop for the last partial query tile; the forward's
-# loads through pointers or through tensor descriptors (TMA).
+# loads through pointers or through tensor descriptors (TMA); the warp-specialized kernels (forward
+# and backward) over the unmasked tiles, followed by the plain kernels over the masked ones.
+_PLAIN = dict(fwd_warp_spec=False, bwd_warp_spec=False)
 MODES = {
-    "separate": dict(dq_atomic=False, dkdv_split_tail=False, fwd_tma=False),
-    "atomic": dict(dq_atomic=True, dkdv_split_tail=False, fwd_tma=False),
-    "split": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=False),
-    "atomic+split": dict(dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
-    "tma": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
-    "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_resume_min_keys=0),
+    "separate": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=False, fwd_tma=False),
+    "atomic": dict(_PLAIN, dq_atomic=True, dkdv_split_tail=False, fwd_tma=False),
+    "split": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=True, fwd_tma=False),
+    "atomic+split": dict(_PLAIN, dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
+    "tma": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
+    "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_resume_min_keys=0,
+                   bwd_warp_spec=True, bwd_rest_min_keys=0),
 }
 
 
-def forward_paths(monkeypatch):
-    """Record which forward kernel each launch ran: "ws" (warp-specialized, unmasked keys),
-    "resume" (masked keys after "ws") or "plain" (a list the test reads afterwards)."""
+def kernel_paths(monkeypatch):
+    """Record which kernel each launch ran, as "fwd:", "dkdv:" or "dq:" followed by "ws"
+    (warp-specialized, unmasked tiles), "rest" (the masked tiles after "ws") or "plain" (a list
+    the test reads afterwards)."""
+    from ringsoftmax.kernels import attention_bwd as bwd_module
     from ringsoftmax.kernels import attention_fwd as fwd_module
+    names = {fwd_module._attn_fwd_kernel: "fwd", bwd_module._attn_bwd_dkdv_kernel: "dkdv",
+             bwd_module._attn_bwd_dq_kernel: "dq"}
     seen, real = [], fwd_module.launch
 
     def recording(kernel, grid, args, kwargs, *rest, **kw):
-        if kernel is fwd_module._attn_fwd_kernel:
-            seen.append("ws" if kwargs.get("WARP_SPEC") else "resume" if kwargs.get("RESUME") else "plain")
+        path = ("ws" if kwargs.get("WARP_SPEC") else "rest" if kwargs.get("RESUME") or kwargs.get("MASKED_ONLY")
+                else "plain")
+        seen.append(f"{names[kernel]}:{path}")
         return real(kernel, grid, args, kwargs, *rest, **kw)
 
     monkeypatch.setattr(fwd_module, "launch", recording)
+    monkeypatch.setattr(bwd_module, "launch", recording)
     return seen
+
+
+def of(seen, kernel):
+    """The paths ("ws", "rest", "plain") that ``kernel`` ("fwd", "dkdv", "dq") took, in order."""
+    return [p.split(":")[1] for p in seen if p.startswith(kernel + ":")]
 
 
 def all_visible(Sk, case):
@@ -130,7 +144,7 @@ def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_p
                   mode="separate"):
     """Forward + backward of one block pair against the oracle; returns nothing, asserts.
 
-    ``mode`` names the kernel mode (a key of MODES)."""
+    ``mode`` names the kernel mode (a key of MODES), or is a dict of ``attention_config.override``."""
     scale = D ** -0.5 if scale is None else scale
     q = rand(B, Sq, H, D, dtype=dtype, device=device, scale=1.5)
     k = rand(B, Sk, Hkv, D, dtype=dtype, device=device, scale=1.5)
@@ -138,7 +152,7 @@ def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_p
     dout = rand(B, Sq, H, D, dtype=dtype, device=device)
     kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
               k_stride=k_pos[1])
-    with attention_config.override(**MODES[mode]):
+    with attention_config.override(**(MODES[mode] if isinstance(mode, str) else mode)):
         out, lse = attention_fwd(q, k, v, **kw)
         assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
         assert lse.shape == (B, H, Sq) and lse.dtype == torch.float32
@@ -262,15 +276,15 @@ def test_cpu_strided_accumulate_and_dlse(mode):
 def test_cpu_forward_warp_spec(monkeypatch, case):
     """Keys in whole tiles, all visible: the warp-specialized kernel alone; a ragged key block adds
     the resuming launch for the masked tail; a query count off the lse alignment runs the plain one."""
-    seen = forward_paths(monkeypatch)
+    seen = kernel_paths(monkeypatch)
     run_and_check(2, 36, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
-    assert seen == ["ws"]
+    assert of(seen, "fwd") == ["ws"]
     seen.clear()
     run_and_check(1, 36, 45, 4, 2, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
-    assert seen == ["ws", "resume"]
+    assert of(seen, "fwd") == ["ws", "rest"]
     seen.clear()
     run_and_check(1, 37, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
-    assert seen == ["plain"]
+    assert of(seen, "fwd") == ["plain"]
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
@@ -278,18 +292,49 @@ def test_cpu_forward_warp_spec(monkeypatch, case):
 def test_cpu_forward_split_launches(monkeypatch, causal, q_pos, k_pos, out_dtype):
     """Every ring-step mask through the two-launch forward (unmasked keys, then the masked keys
     resuming from their (out, lse)), including rows that see no key, and float32 output (in place)."""
-    seen = forward_paths(monkeypatch)
+    seen = kernel_paths(monkeypatch)
     q = rand(2, 36, 4, 32, dtype=torch.float16, device=CPU, scale=1.5)
     k = rand(2, 45, 2, 32, dtype=torch.float16, device=CPU, scale=1.5)
     v = rand(2, 45, 2, 32, dtype=torch.float16, device=CPU)
     with attention_config.override(**MODES["tma+ws"]):
         out, lse = attention_fwd(q, k, v, softmax_scale=0.2, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1],
                                  k_offset=k_pos[0], k_stride=k_pos[1], out_dtype=out_dtype)
-    assert seen == ["ws", "resume"]
+    assert of(seen, "fwd") == ["ws", "rest"]
     assert out.dtype == (out_dtype or torch.float16)
     ref = oracle(q, k, v, 0.2, causal, q_pos, k_pos)
     check("out", out, ref[0], TOL[torch.float16])
     check_lse(lse, ref[1], LSE_ATOL[torch.float16])
+
+
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_cpu_backward_warp_spec(monkeypatch, case):
+    """Whole tiles, every key visible: each backward kernel runs warp-specialized alone; ragged
+    queries (dK/dV) or keys (dQ) add the plain launch over the tail; lse rows off 16-byte
+    alignment run the plain kernels."""
+    seen = kernel_paths(monkeypatch)
+    run_and_check(2, 32, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
+    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws"], ["ws"])
+    seen.clear()
+    run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
+    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws", "rest"], ["ws", "rest"])
+    seen.clear()
+    run_and_check(1, 37, 48, 4, 4, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
+    assert (of(seen, "dkdv"), of(seen, "dq")) == (["plain"], ["plain"])
+    seen.clear()
+    short_plain = dict(MODES["tma+ws"], bwd_rest_min_keys=46)   # masked pairs this short: plain kernels
+    run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode=short_plain)
+    run_and_check(1, 32, 48, 4, 1, 32, torch.float16, CPU, *all_visible(48, case), mode=short_plain)
+    assert (of(seen, "dkdv"), of(seen, "dq")) == (["plain", "ws"], ["plain", "ws"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal,q_pos,k_pos", CPU_MASKS)
+def test_cpu_backward_split_launches(monkeypatch, dtype, causal, q_pos, k_pos):
+    """Every ring-step mask through the two-launch backward (unmasked tiles warp-specialized, then
+    the masked and tail tiles added by the plain kernels), GQA, rows that see no key."""
+    seen = kernel_paths(monkeypatch)
+    run_and_check(2, 36, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos, mode="tma+ws")
+    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws", "rest"], ["ws", "rest"])
 
 
 def test_cpu_rejects_bad_input():
@@ -343,10 +388,11 @@ def test_gpu_masks(dtype, D, H, Hkv, mode):
 @needs_cuda
 @pytest.mark.parametrize("dtype,D,H,Hkv", [(torch.bfloat16, 128, 8, 2), (torch.bfloat16, 64, 4, 4),
                                            (torch.float16, 128, 4, 1)])
-def test_gpu_forward_warp_spec(monkeypatch, dtype, D, H, Hkv):
-    """Every ring-step mask through the warp-specialized forward (Hopper): alone where every key is
-    visible in whole tiles, else followed by the launch for the masked keys."""
-    seen = forward_paths(monkeypatch)
+def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
+    """Every ring-step mask through the warp-specialized kernels (Hopper), forward and backward:
+    alone where every key is visible in whole tiles, else followed by the plain kernels over the
+    masked tiles."""
+    seen = kernel_paths(monkeypatch)
     dev = torch.device("cuda")
     for Sq, Sk in ((1000, 256), (128, 517)):
         for case in (0, 1, 2):
@@ -354,8 +400,12 @@ def test_gpu_forward_warp_spec(monkeypatch, dtype, D, H, Hkv):
         for causal, q_pos, k_pos in gpu_masks(Sq, Sk):
             run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, causal, q_pos, k_pos, mode="tma+ws")
     if torch.cuda.get_device_capability()[0] == 9:
-        assert "plain" not in seen and seen.count("ws") == 2 * (3 + len(gpu_masks(1, 1)))
-        assert seen.count("resume") > 0
+        runs = 2 * (3 + len(gpu_masks(1, 1)))
+        fwd = of(seen, "fwd")
+        assert "plain" not in fwd and fwd.count("ws") == runs and fwd.count("rest") > 0
+        for kernel in ("dkdv", "dq"):
+            paths = of(seen, kernel)
+            assert "plain" not in paths and paths.count("ws") == runs and paths.count("rest") > 0, kernel
 
 
 @gpu
@@ -382,7 +432,7 @@ def test_gpu_varlen(causal, q_pos, k_pos, mode):
     dout = rand(Tq, H, D, dtype=dtype, device=dev)
     kw = dict(softmax_scale=scale, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
               k_stride=k_pos[1], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=1000)
-    with attention_config.override(**MODES[mode]):
+    with attention_config.override(**(MODES[mode] if isinstance(mode, str) else mode)):
         out, lse = attention_fwd(q, k, v, **kw)
         dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, attention_delta(out, dout), **kw)
     ref = oracle_varlen(q, k, v, cu_q.cpu(), cu_k.cpu(), scale, causal, q_pos, k_pos, dout)
@@ -394,9 +444,9 @@ def test_gpu_varlen(causal, q_pos, k_pos, mode):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["separate", "atomic+split", "tma"])
+@pytest.mark.parametrize("mode", ["separate", "atomic+split", "tma", "tma+ws"])
 def test_gpu_strided_accumulate(mode):
-    dev, dtype, B, Sq, Sk, H, Hkv, D, scale = torch.device("cuda"), torch.bfloat16, 2, 333, 270, 8, 4, 128, 0.1
+    dev, dtype, B, Sq, Sk, H, Hkv, D, scale = torch.device("cuda"), torch.bfloat16, 2, 332, 270, 8, 4, 128, 0.1
     big_q = rand(B, Sq + 10, H, D, dtype=dtype, device=dev)
     big_kv = rand(B, Sk + 7, 2, Hkv, D, dtype=dtype, device=dev)
     q, k, v = big_q[:, 10:], big_kv[:, :Sk, 0], big_kv[:, :Sk, 1]

@@ -13,18 +13,23 @@ passes ``delta - dlse``), then ``dS = P * (dP - delta)``. Two kernels:
   recomputing QK^T and dO V^T (7 matmuls per tile pair in all, no atomics, deterministic).
 
 Both skip tiles no query sees and mask only tiles that straddle the causal boundary (positions as
-in ``attention_fwd``). Gradients are float32 and are added into caller-given buffers, which may
+in ``attention_fwd``). On Hopper (``attention_config.bwd_warp_spec``) each runs first with
+WARP_SPEC over its unmasked whole tiles only, in one loop that Triton splits into a TMA-load warp
+and two compute groups, then, if some tiles need a mask or run past the end, once more with
+MASKED_ONLY over those, adding to the first launch's result. Gradients are float32 and are added into caller-given buffers, which may
 be strided views (the ring accumulates dK/dV as they travel).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
 import triton.language as tl
 
 from . import attention_config as config
-from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, dot_precision,
-                            launch, unit_last_stride)
+from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, descriptor_scratch,
+                            dot_precision, every_key_visible, launch, launch_split, tma_ready, unit_last_stride)
 
 
 # ----------------------------------------------------------------------------- delta = rowsum(dout * out)
@@ -68,6 +73,46 @@ def attention_delta(out, dout):
     return delta[0] if packed else delta
 
 
+# ----------------------------------------------------------------------------- one tile pair
+@triton.jit
+def _lse_log2(lse):
+    """lse (natural log) -> log2 units; rows with no mass anywhere (-inf) -> +inf, so that P = 0."""
+    lse = lse * 1.4426950408889634
+    return tl.where(lse == float("-inf"), float("inf"), lse)
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, k_pos, q_pos, CAUSAL_MASK: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    """Add one query tile's share to dK, dV (BLOCK_N, D) of one key tile, transposed: P^T is (N, M).
+
+    lse2: (BLOCK_M,) lse in log2 units (``_lse_log2``); CAUSAL_MASK: zero P where the key position
+    ``k_pos`` is after the query position ``q_pos``. Returns (dk, dv, dS^T) (dS^T in q's dtype)."""
+    s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+    p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+    if CAUSAL_MASK:
+        p_t = tl.where(k_pos[:, None] <= q_pos[None, :], p_t, 0.0)
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+    # dS^T = P^T * (dP^T - delta)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+    ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+    dk += tl.dot(ds_t, q, input_precision=DOT_PRECISION)
+    return dk, dv, ds_t
+
+
+@triton.jit
+def _dq_tile(dq, q, do, lse2, delta, k, v, qk_scale, visible, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add one key tile's share to dQ (BLOCK_M, D): dS K with dS = P * (dP - delta); where MASKED,
+    P is zero outside ``visible`` (BLOCK_M, BLOCK_N)."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    p = tl.math.exp2(s * qk_scale - lse2[:, None])
+    if MASKED:
+        p = tl.where(visible, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+
+
 # ----------------------------------------------------------------------------- dK, dV
 @triton.jit
 def _dkdv_steps(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qs, stride_ds, stride_ls, stride_es, stride_dqs, lo, hi,
@@ -87,27 +132,17 @@ def _dkdv_steps(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qs, stride_ds, strid
         rows = start_m + offs_m
         row_ok = rows < Sq
         q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, rows, Sq, offs_d, HEAD_DIM, D_PAD, CHECK_ROWS)
-        # rows past the end, or with no mass anywhere (lse = -inf), get lse = +inf, hence P = 0
+        do = _load_rows(DO + start_m.to(tl.int64) * stride_ds + do_tile, rows, Sq, offs_d, HEAD_DIM, D_PAD,
+                        CHECK_ROWS)
+        # rows past the end read lse = +inf, hence P = 0
         if CHECK_ROWS:
             lse = tl.load(Lse + rows * stride_ls, mask=row_ok, other=float("inf"))
             delta = tl.load(Delta + rows * stride_es, mask=row_ok, other=0.0)
         else:
             lse = tl.load(Lse + rows * stride_ls)
             delta = tl.load(Delta + rows * stride_es)
-        lse = lse * 1.4426950408889634
-        lse = tl.where(lse == float("-inf"), float("inf"), lse)
-        # recompute P^T for this tile
-        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
-        p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])
-        if CAUSAL_MASK:
-            p_t = tl.where(k_pos[:, None] <= (q_offset + rows * q_stride)[None, :], p_t, 0.0)
-        do = _load_rows(DO + start_m.to(tl.int64) * stride_ds + do_tile, rows, Sq, offs_d, HEAD_DIM, D_PAD,
-                        CHECK_ROWS)
-        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
-        # dS^T = P^T * (dP^T - delta)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-        dk += tl.dot(ds_t, q, input_precision=DOT_PRECISION)
+        dk, dv, ds_t = _dkdv_tile(dk, dv, k, v, q, do, _lse_log2(lse), delta, qk_scale, k_pos,
+                                  q_offset + rows * q_stride, CAUSAL_MASK, DOT_PRECISION)
         if DQ_ATOMIC:
             dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
             dq_ptrs = DQ + rows.to(tl.int64)[:, None] * stride_dqs + offs_d[None, :]
@@ -116,8 +151,39 @@ def _dkdv_steps(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qs, stride_ds, strid
 
 
 @triton.jit
+def _dkdv_ws_steps(dk, dv, k, v, Q, DO, Lse, Delta, stride_qs, stride_ds, stride_lh, stride_eh, lo, hi, Sq, GROUP,
+                   qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one key tile over the whole, unmasked query tiles [lo, hi) of every head of the GQA
+    group, in ONE loop that Triton splits into a TMA-load warp and two compute groups (its Hopper
+    warp specialization takes one loop and no branch in it). Every load goes through a tensor
+    descriptor: ``Q``/``DO`` point at the group's first head and its GROUP heads lie side by side
+    (head stride = HEAD_DIM); ``Lse``/``Delta`` at that head's row, rows ``stride_lh`` apart."""
+    desc_q = tl.make_tensor_descriptor(Q, shape=[Sq, GROUP * HEAD_DIM], strides=[stride_qs, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    desc_do = tl.make_tensor_descriptor(DO, shape=[Sq, GROUP * HEAD_DIM], strides=[stride_ds, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM])
+    desc_l = tl.make_tensor_descriptor(Lse, shape=[GROUP, Sq], strides=[stride_lh, 1], block_shape=[1, BLOCK_M])
+    desc_e = tl.make_tensor_descriptor(Delta, shape=[GROUP, Sq], strides=[stride_eh, 1], block_shape=[1, BLOCK_M])
+    n_tiles = (hi - lo) // BLOCK_M
+    for i in tl.range(0, GROUP * n_tiles, warp_specialize=True):
+        # query tile (head g of the group, rows from start_m)
+        g = i // n_tiles
+        start_m = tl.multiple_of(lo + (i - g * n_tiles) * BLOCK_M, BLOCK_M)
+        q = desc_q.load([start_m, g * HEAD_DIM])
+        do = desc_do.load([start_m, g * HEAD_DIM])
+        lse2 = _lse_log2(tl.reshape(desc_l.load([g, start_m]), [BLOCK_M]))
+        delta = tl.reshape(desc_e.load([g, start_m]), [BLOCK_M])
+        dk, dv, _ = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, 0, 0, False, DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
 def _add_store(Ptr, x, rows, n_rows, row_stride, offs_d, HEAD_DIM: tl.constexpr, ACCUMULATE: tl.constexpr):
-    """Store (or add, if ACCUMULATE) a float32 (rows, D_PAD) tile into rows < n_rows, columns < HEAD_DIM."""
+    """Store (or add, if ACCUMULATE) a float32 (rows, D_PAD) tile into rows < n_rows, columns < HEAD_DIM.
+
+    Callers fold the tile's first row into ``Ptr`` and pass ``rows = arange(0, BLOCK)``: triton 3.6's
+    Hopper warp specialization, splitting a tile's rows over two compute groups, offsets a
+    "start + arange" row vector twice (a scalar base and a bare arange come out right)."""
     ptrs = Ptr + rows.to(tl.int64)[:, None] * row_stride + offs_d[None, :]
     mask = (rows < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
     if ACCUMULATE:
@@ -140,7 +206,8 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
                           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ACCUMULATE: tl.constexpr,
-                          DQ_ATOMIC: tl.constexpr, SPLIT_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                          DQ_ATOMIC: tl.constexpr, SPLIT_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                          WARP_SPEC: tl.constexpr = False, MASKED_ONLY: tl.constexpr = False):
     # which key tile, batch (or sequence) and K/V head
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -149,27 +216,35 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
     q_start, Sq = _seq_bounds(CuQ, b, Sq, VARLEN)
     k_start, Sk = _seq_bounds(CuK, b, Sk, VARLEN)
     start_n = pid_n * BLOCK_N
-    if start_n >= Sk:
-        return
+    if VARLEN:
+        # the grid covers the longest sequence; shorter ones have no keys here
+        if start_n >= Sk:
+            return
     b64 = b.to(tl.int64)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     k_pos = k_offset + offs_n * k_stride
+    K += b64 * stride_kb + k_start.to(tl.int64) * stride_ks + hk * stride_kh
+    V += b64 * stride_vb + k_start.to(tl.int64) * stride_vs + hk * stride_vh
 
     # this tile's K and V stay on chip for the whole loop
-    k_row0 = k_start.to(tl.int64) + start_n
-    k = _load_rows(K + b64 * stride_kb + k_row0 * stride_ks + hk * stride_kh
-                   + tl.arange(0, BLOCK_N)[:, None] * stride_ks + offs_d[None, :], offs_n, Sk, offs_d,
-                   HEAD_DIM, D_PAD, True)
-    v = _load_rows(V + b64 * stride_vb + k_row0 * stride_vs + hk * stride_vh
-                   + tl.arange(0, BLOCK_N)[:, None] * stride_vs + offs_d[None, :], offs_n, Sk, offs_d,
-                   HEAD_DIM, D_PAD, True)
+    if WARP_SPEC:
+        k = tl.make_tensor_descriptor(K, shape=[Sk, HEAD_DIM], strides=[stride_ks, 1],
+                                      block_shape=[BLOCK_N, HEAD_DIM]).load([start_n, 0])
+        v = tl.make_tensor_descriptor(V, shape=[Sk, HEAD_DIM], strides=[stride_vs, 1],
+                                      block_shape=[BLOCK_N, HEAD_DIM]).load([start_n, 0])
+    else:
+        k = _load_rows(K + start_n.to(tl.int64) * stride_ks + tl.arange(0, BLOCK_N)[:, None] * stride_ks
+                       + offs_d[None, :], offs_n, Sk, offs_d, HEAD_DIM, D_PAD, True)
+        v = _load_rows(V + start_n.to(tl.int64) * stride_vs + tl.arange(0, BLOCK_N)[:, None] * stride_vs
+                       + offs_d[None, :], offs_n, Sk, offs_d, HEAD_DIM, D_PAD, True)
     dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)
 
     # query ranges: [m_lo, m_mid) straddles the causal boundary (masked), [m_mid, Sq) sees every key;
-    # with SPLIT_TAIL, whole tiles up to m_end load without row checks, then the last partial tile
+    # with SPLIT_TAIL, whole tiles up to m_end load without row checks, then the last partial tile.
+    # Split over two launches (WARP_SPEC: [m_mid, m_end) only; MASKED_ONLY: the rest, added to it).
     if CAUSAL:
         last_col = tl.minimum(start_n + BLOCK_N, Sk) - 1
         pos_first = k_offset + start_n * k_stride
@@ -182,62 +257,75 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
     else:
         m_lo = 0
         m_mid = 0
-    if SPLIT_TAIL:
+    if SPLIT_TAIL or WARP_SPEC or MASKED_ONLY:
         m_end = tl.maximum((Sq // BLOCK_M) * BLOCK_M, m_mid)
     else:
         m_end = m_mid
 
-    # every query head of the GQA group adds into the same dK, dV
-    for g in range(GROUP):
-        h = hk * GROUP + g
-        Qh = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
-        DOh = DO + b64 * stride_db + q_start.to(tl.int64) * stride_ds + h * stride_dh
-        Lh = Lse + b64 * stride_lb + h * stride_lh + q_start * stride_ls
-        Eh = Delta + b64 * stride_eb + h * stride_eh + q_start * stride_es
-        DQh = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqs + h * stride_dqh
-        dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es, stride_dqs,
-                             m_lo, m_mid, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale, offs_m, offs_d,
-                             HEAD_DIM, D_PAD, BLOCK_M, True, True, DQ_ATOMIC, DOT_PRECISION)
-        if SPLIT_TAIL:
+    Q += b64 * stride_qb + q_start.to(tl.int64) * stride_qs
+    DO += b64 * stride_db + q_start.to(tl.int64) * stride_ds
+    Lse += b64 * stride_lb + q_start * stride_ls
+    Delta += b64 * stride_eb + q_start * stride_es
+    DQ += b64 * stride_dqb + q_start.to(tl.int64) * stride_dqs
+    if WARP_SPEC:
+        h0 = hk * GROUP
+        dk, dv = _dkdv_ws_steps(dk, dv, k, v, Q + h0 * stride_qh, DO + h0 * stride_dh, Lse + h0 * stride_lh,
+                                Delta + h0 * stride_eh, stride_qs, stride_ds, stride_lh, stride_eh, m_mid, m_end, Sq,
+                                GROUP, qk_scale, HEAD_DIM, BLOCK_M, DOT_PRECISION)
+    else:
+        # every query head of the GQA group adds into the same dK, dV
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            Qh = Q + h * stride_qh
+            DOh = DO + h * stride_dh
+            Lh = Lse + h * stride_lh
+            Eh = Delta + h * stride_eh
+            DQh = DQ + h * stride_dqh
             dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es,
-                                 stride_dqs, m_mid, m_end, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale,
-                                 offs_m, offs_d, HEAD_DIM, D_PAD, BLOCK_M, False, False, DQ_ATOMIC, DOT_PRECISION)
-        dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es, stride_dqs,
-                             m_end, Sq, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale, offs_m, offs_d,
-                             HEAD_DIM, D_PAD, BLOCK_M, False, True, DQ_ATOMIC, DOT_PRECISION)
+                                 stride_dqs, m_lo, m_mid, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale,
+                                 offs_m, offs_d, HEAD_DIM, D_PAD, BLOCK_M, True, True, DQ_ATOMIC, DOT_PRECISION)
+            if SPLIT_TAIL and not MASKED_ONLY:
+                dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es,
+                                     stride_dqs, m_mid, m_end, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale,
+                                     offs_m, offs_d, HEAD_DIM, D_PAD, BLOCK_M, False, False, DQ_ATOMIC, DOT_PRECISION)
+            dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es,
+                                 stride_dqs, m_end, Sq, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale, offs_m,
+                                 offs_d, HEAD_DIM, D_PAD, BLOCK_M, False, True, DQ_ATOMIC, DOT_PRECISION)
 
     # write back (dK carries the softmax scale of dS q)
-    _add_store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dks + hk * stride_dkh, dk * softmax_scale,
-               offs_n, Sk, stride_dks, offs_d, HEAD_DIM, ACCUMULATE)
-    _add_store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvs + hk * stride_dvh, dv,
-               offs_n, Sk, stride_dvs, offs_d, HEAD_DIM, ACCUMULATE)
+    DK += b64 * stride_dkb + k_start.to(tl.int64) * stride_dks + hk * stride_dkh
+    DV += b64 * stride_dvb + k_start.to(tl.int64) * stride_dvs + hk * stride_dvh
+    rel = tl.arange(0, BLOCK_N)
+    _add_store(DK + start_n.to(tl.int64) * stride_dks, dk * softmax_scale, rel, Sk - start_n, stride_dks, offs_d,
+               HEAD_DIM, ACCUMULATE)
+    _add_store(DV + start_n.to(tl.int64) * stride_dvs, dv, rel, Sk - start_n, stride_dvs, offs_d, HEAD_DIM, ACCUMULATE)
 
 
 # ----------------------------------------------------------------------------- dQ
 @triton.jit
-def _dq_steps(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset, k_stride, qk_scale,
-              offs_n, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Accumulate dQ of one query tile over key tiles [lo, hi)."""
+def _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset,
+              k_stride, qk_scale, offs_n, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr):
+    """Accumulate dQ of one query tile over key tiles [lo, hi); lse2 in log2 units (``_lse_log2``).
+
+    WARP_SPEC: K/V tiles come through the tensor descriptors ``desc_k``/``desc_v`` and Triton
+    splits the loop into a TMA-load warp and two compute groups; else through pointers."""
     k_tile = offs_n[:, None] * stride_ks + offs_d[None, :]
     v_tile = offs_n[:, None] * stride_vs + offs_d[None, :]
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
-        v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
-        # recompute P for this tile
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        p = tl.math.exp2(s * qk_scale - lse[:, None])
-        if MASKED:
-            visible = (cols < Sk)[None, :]
-            if CAUSAL:
-                visible = visible & ((k_offset + cols * k_stride)[None, :] <= q_pos[:, None])
-            p = tl.where(visible, p, 0.0)
-        # dS = P * (dP - delta); dQ += dS K
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        if WARP_SPEC:
+            k = desc_k.load([start_n, 0])
+            v = desc_v.load([start_n, 0])
+        else:
+            k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+            v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
+        # keys past the end and, if causal, keys after the query contribute nothing
+        visible = (cols < Sk)[None, :]
+        if CAUSAL:
+            visible = visible & ((k_offset + cols * k_stride)[None, :] <= q_pos[:, None])
+        dq = _dq_tile(dq, q, do, lse2, delta, k, v, qk_scale, visible, MASKED, DOT_PRECISION)
     return dq
 
 
@@ -254,43 +342,67 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, CuQ, CuK,
                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ACCUMULATE: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr = False,
+                        MASKED_ONLY: tl.constexpr = False):
     b, h, q_start, Sq, k_start, Sk, start_m = _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M, CAUSAL, VARLEN)
-    if start_m >= Sq:
-        return
+    if VARLEN:
+        # the grid covers the longest sequence; shorter ones have no rows here
+        if start_m >= Sq:
+            return
     b64 = b.to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
-    row_ok = offs_m < Sq
     q_pos = q_offset + offs_m * q_stride
+    Q += b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
+    DO += b64 * stride_db + q_start.to(tl.int64) * stride_ds + h * stride_dh
+    Lse += b64 * stride_lb + h * stride_lh + q_start * stride_ls
+    Delta += b64 * stride_eb + h * stride_eh + q_start * stride_es
+    K += b64 * stride_kb + k_start.to(tl.int64) * stride_ks + (h // GROUP) * stride_kh
+    V += b64 * stride_vb + k_start.to(tl.int64) * stride_vs + (h // GROUP) * stride_vh
 
-    # this tile's q, dout, lse and delta stay on chip for the whole loop
-    q_row0 = q_start.to(tl.int64) + start_m
-    q = _load_rows(Q + b64 * stride_qb + q_row0 * stride_qs + h * stride_qh
-                   + tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :], offs_m, Sq, offs_d,
-                   HEAD_DIM, D_PAD, True)
-    do = _load_rows(DO + b64 * stride_db + q_row0 * stride_ds + h * stride_dh
-                    + tl.arange(0, BLOCK_M)[:, None] * stride_ds + offs_d[None, :], offs_m, Sq, offs_d,
-                    HEAD_DIM, D_PAD, True)
-    lse = tl.load(Lse + b64 * stride_lb + h * stride_lh + (q_start + offs_m) * stride_ls, mask=row_ok,
-                  other=float("inf")) * 1.4426950408889634
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    delta = tl.load(Delta + b64 * stride_eb + h * stride_eh + (q_start + offs_m) * stride_es, mask=row_ok, other=0.0)
+    # this tile's q, dout, lse and delta stay on chip for the whole loop (through tensor
+    # descriptors when warp-specialized: past the last row they read 0, which gives dS = 0)
+    if WARP_SPEC:
+        q = tl.make_tensor_descriptor(Q, shape=[Sq, HEAD_DIM], strides=[stride_qs, 1],
+                                      block_shape=[BLOCK_M, HEAD_DIM]).load([start_m, 0])
+        do = tl.make_tensor_descriptor(DO, shape=[Sq, HEAD_DIM], strides=[stride_ds, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM]).load([start_m, 0])
+        lse = tl.make_tensor_descriptor(Lse, shape=[Sq], strides=[1], block_shape=[BLOCK_M]).load([start_m])
+        delta = tl.make_tensor_descriptor(Delta, shape=[Sq], strides=[1], block_shape=[BLOCK_M]).load([start_m])
+        desc_k = tl.make_tensor_descriptor(K, shape=[Sk, HEAD_DIM], strides=[stride_ks, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        desc_v = tl.make_tensor_descriptor(V, shape=[Sk, HEAD_DIM], strides=[stride_vs, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+    else:
+        row_ok = offs_m < Sq
+        q_tile = tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :]
+        do_tile = tl.arange(0, BLOCK_M)[:, None] * stride_ds + offs_d[None, :]
+        q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, offs_m, Sq, offs_d, HEAD_DIM, D_PAD, True)
+        do = _load_rows(DO + start_m.to(tl.int64) * stride_ds + do_tile, offs_m, Sq, offs_d, HEAD_DIM, D_PAD, True)
+        # rows past the end read lse = +inf, hence P = 0
+        lse = tl.load(Lse + offs_m * stride_ls, mask=row_ok, other=float("inf"))
+        delta = tl.load(Delta + offs_m * stride_es, mask=row_ok, other=0.0)
+        desc_k = K
+        desc_v = V
+    lse2 = _lse_log2(lse)
     dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
-    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped
-    Kh = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + (h // GROUP) * stride_kh
-    Vh = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vs + (h // GROUP) * stride_vh
+    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped.
+    # Split over two launches (WARP_SPEC: the unmasked keys only; MASKED_ONLY: the rest, added to it)
     full_end, hi = _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_steps(dq, q, do, lse, delta, Kh, Vh, stride_ks, stride_vs, 0, full_end, Sk, q_pos, k_offset, k_stride,
-                   qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, False, CAUSAL, DOT_PRECISION)
-    dq = _dq_steps(dq, q, do, lse, delta, Kh, Vh, stride_ks, stride_vs, full_end, hi, Sk, q_pos, k_offset, k_stride,
-                   qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+    if not MASKED_ONLY:
+        dq = _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, 0, full_end, Sk, q_pos,
+                       k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, False, CAUSAL,
+                       DOT_PRECISION, WARP_SPEC)
+    if not WARP_SPEC:
+        dq = _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, full_end, hi, Sk, q_pos,
+                       k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, True, CAUSAL,
+                       DOT_PRECISION, False)
 
     # write back (dQ carries the softmax scale of dS k)
-    _add_store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqs + h * stride_dqh, dq * softmax_scale,
-               offs_m, Sq, stride_dqs, offs_d, HEAD_DIM, ACCUMULATE)
+    DQ += b64 * stride_dqb + (q_start + start_m).to(tl.int64) * stride_dqs + h * stride_dqh
+    _add_store(DQ, dq * softmax_scale, tl.arange(0, BLOCK_M), Sq - start_m, stride_dqs, offs_d, HEAD_DIM, ACCUMULATE)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -366,21 +478,50 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
                   DOT_PRECISION=dot_precision(q.dtype))
     key = (q.device.type, prob.d_pad, q.dtype, causal)
     group = prob.heads // prob.kv_heads
+    # warp-specialized kernels over the unmasked tiles where the table says so and the inputs allow
+    # it, each followed, if any of its tiles needs a mask or runs past the end, by the plain kernel
+    # over those tiles only, adding to what the first wrote
+    warp_spec = (not atomic and config.bwd_warp_spec(q.device, prob.d_pad, q.dtype, causal)
+                 and warp_spec_ready(prob, q, k, v, dout, lse, delta))
+    all_visible = every_key_visible(prob, causal, q_offset, k_offset, k_stride)
+    rest_ok = prob.max_k >= config.bwd_rest_min_keys(q.device, prob.d_pad)
 
-    # dK, dV (and, by atomics, dQ) per key tile
-    tile = config.tile_for("dkdv", q.device, prob.d_pad, q.dtype, causal)
-    launch(_attn_bwd_dkdv_kernel, lambda t: (triton.cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads),
-           (q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k, *common, *prob.strides(dk), *prob.strides(dv),
-            *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars),
-           dict(kwargs, ACCUMULATE=acc_k, DQ_ATOMIC=atomic, SPLIT_TAIL=split_tail), tile,
-           ("dkdv", atomic, split_tail) + key)
-    if atomic:
-        return dq, dk, dv
+    with descriptor_scratch() if warp_spec else contextlib.nullcontext():
+        # dK, dV (and, by atomics, dQ) per key tile
+        tile = config.tile_for("dkdv", q.device, prob.d_pad, q.dtype, causal)
+        grid = lambda t: (triton.cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
+        args = (q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k, *common, *prob.strides(dk), *prob.strides(dv),
+                *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
+        kw = dict(kwargs, ACCUMULATE=acc_k, DQ_ATOMIC=atomic, SPLIT_TAIL=split_tail)
+        ws_tile = config.tile_for("dkdv_ws", q.device, prob.d_pad, q.dtype, causal)
+        masked = bool(prob.max_q % ws_tile.block_m) or not all_visible
+        if not (warp_spec and (rest_ok or not masked) and launch_split(_attn_bwd_dkdv_kernel, grid, args, kw, ws_tile, args if masked else None,
+                                           dict(kw, ACCUMULATE=True, MASKED_ONLY=True), tile, ("dkdv",) + key)):
+            launch(_attn_bwd_dkdv_kernel, grid, args, kw, tile, ("dkdv", atomic, split_tail) + key)
+        if atomic:
+            return dq, dk, dv
 
-    # dQ per query tile
-    tile = config.tile_for("dq", q.device, prob.d_pad, q.dtype, causal)
-    launch(_attn_bwd_dq_kernel, lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads),
-           (q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, *prob.strides(dq),
-            prob.max_q, prob.max_k, prob.heads, group, *scalars),
-           dict(kwargs, ACCUMULATE=acc_q), tile, ("dq",) + key)
+        # dQ per query tile
+        tile = config.tile_for("dq", q.device, prob.d_pad, q.dtype, causal)
+        grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
+        args = (q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, *prob.strides(dq),
+                prob.max_q, prob.max_k, prob.heads, group, *scalars)
+        kw = dict(kwargs, ACCUMULATE=acc_q)
+        ws_tile = config.tile_for("dq_ws", q.device, prob.d_pad, q.dtype, causal)
+        masked = bool(prob.max_k % ws_tile.block_n) or not all_visible
+        if not (warp_spec and (rest_ok or not masked) and launch_split(_attn_bwd_dq_kernel, grid, args, kw, ws_tile, args if masked else None,
+                                           dict(kw, ACCUMULATE=True, MASKED_ONLY=True), tile, ("dq",) + key)):
+            launch(_attn_bwd_dq_kernel, grid, args, kw, tile, ("dq",) + key)
     return dq, dk, dv
+
+
+def warp_spec_ready(prob, q, k, v, dout, lse, delta) -> bool:
+    """Whether the warp-specialized backward can address these inputs through tensor descriptors:
+    dense, q/k/v/dout as ``tma_ready`` says, the query heads of a GQA group side by side (head
+    stride = head dim) and lse/delta with unit last stride and 16-byte aligned rows."""
+    if prob.varlen or not tma_ready(prob, q, k, v, dout):
+        return False
+    if q.stride(2) != prob.head_dim or dout.stride(2) != prob.head_dim:
+        return False
+    return all(x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(st % 4 == 0 for st in x.stride()[:-1])
+               for x in (lse, delta))

@@ -9,7 +9,10 @@ Three kernels read the table:
 
 - ``fwd``:  one program per ``block_m`` query rows, looping over keys ``block_n`` at a time;
 - ``dkdv``: one program per ``block_n`` key rows, looping over queries ``block_m`` at a time;
-- ``dq``:   one program per ``block_m`` query rows, looping over keys ``block_n`` at a time.
+- ``dq``:   one program per ``block_m`` query rows, looping over keys ``block_n`` at a time;
+
+and each has a warp-specialized variant for its unmasked tiles on Hopper (``fwd_ws``, ``dkdv_ws``,
+``dq_ws``: ``fwd_warp_spec``, ``bwd_warp_spec``).
 
 The backward computes dQ either in its own kernel (``dq``: recomputes QK^T and dO V^T, 7 matmuls
 in all) or inside the dK/dV kernel with float32 atomic adds (5 matmuls, order of the additions not
@@ -17,7 +20,7 @@ fixed); ``dq_by_atomics`` says which. ``dkdv_split_tail`` says whether the dK/dV
 last partial query tile a loop of its own, so that the main loop loads without row checks.
 
 Benchmarks try other settings with ``override(fwd=..., dkdv=..., dq=..., dq_atomic=...,
-dkdv_split_tail=...)``. A tile that does not fit the device's shared memory falls back to
+dkdv_split_tail=..., bwd_warp_spec=...)``. A tile that does not fit the device's shared memory falls back to
 ``FALLBACK`` (see ``attention_fwd.launch``).
 """
 from __future__ import annotations
@@ -54,12 +57,20 @@ _SM90_16BIT = {
     # groups need num_warps=4; 3 stages do not fit at D=128 and gave NaN at D=64 (triton 3.6)
     ("fwd_ws", 64): Tile(128, 128, 4, 2),
     ("fwd_ws", 128): Tile(128, 128, 4, 2),
+    # the warp-specialized backward (bwd_warp_spec), num_warps=4 likewise; at D=128 these are the
+    # largest tiles whose buffers fit 227 KB of shared memory (triton 3.6, sm_90, offline compile)
+    ("dkdv_ws", 64): Tile(64, 128, 4, 2),
+    ("dkdv_ws", 128): Tile(64, 128, 4, 3),
+    ("dq_ws", 64): Tile(128, 128, 4, 2),
+    ("dq_ws", 128): Tile(128, 64, 4, 2),
 }
 
 # Other CUDA GPUs (Ampere, Ada, ...) and any head dim not above: conservative tiles.
 _GENERIC_16BIT = {
     "fwd": Tile(64, 64, 4, 2),
     "fwd_ws": Tile(128, 128, 4, 2),
+    "dkdv_ws": Tile(64, 128, 4, 2),
+    "dq_ws": Tile(128, 64, 4, 2),
     "dkdv": Tile(32, 64, 4, 2),
     "dq": Tile(64, 32, 4, 2),
 }
@@ -89,13 +100,20 @@ _SM90_FWD_WARP_SPEC: set[int] = {128}
 # keys, resuming from a float32 (out, lse)) only with at least this many keys: on an H200 at
 # D=128 causal it gained 6% at 32K and 3% at 16K keys, and lost 11% at 4K.
 _SM90_FWD_RESUME_MIN_KEYS = 16384
+# Padded head dims for which the Hopper backward runs its warp-specialized kernels (TMA loads, one
+# loop split into a load warp and two compute groups) over the unmasked tiles, followed, where a
+# tile needs a mask or runs past the end, by the plain kernels over those tiles only, adding to it;
+# each maps to the fewest keys for which a block pair WITH masked tiles takes that route. On an
+# H200 (bf16, B*S = 32K, .notes/attention.md call 7) the backward gained 23-30% at D=128 (causal
+# 8K included); at D=64 5-12% without masks and 6% causal at 32K keys, but lost 11% causal at 8K.
+_SM90_BWD_WARP_SPEC: dict[int, int] = {64: 32768, 128: 0}
 
 _OVERRIDE: dict = {}
 
 
 def tile_for(kernel: str, device: torch.device, head_dim_pad: int, dtype: torch.dtype,
              causal: bool) -> Tile:
-    """The tile for ``kernel`` ("fwd", "fwd_ws", "dkdv" or "dq") on ``device``.
+    """The tile for ``kernel`` ("fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws" or "dq_ws") on ``device``.
 
     ``head_dim_pad`` is the head dim rounded up to a power of two (>= 16); head dims below 64 use
     the 64 entry. ``causal`` is part of the key so that causal and full attention can be tuned apart.
@@ -143,6 +161,19 @@ def fwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, c
     return _sm90_flag("fwd_warp_spec", _SM90_FWD_WARP_SPEC, device, head_dim_pad, dtype)
 
 
+def bwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the backward runs warp-specialized (with TMA loads) over its unmasked tiles."""
+    return _sm90_flag("bwd_warp_spec", _SM90_BWD_WARP_SPEC, device, head_dim_pad, dtype)
+
+
+def bwd_rest_min_keys(device: torch.device, head_dim_pad: int) -> int:
+    """Fewest keys for which a block pair with masked tiles takes the warp-specialized backward
+    (then the plain kernels over the masked tiles)."""
+    if "bwd_rest_min_keys" in _OVERRIDE:
+        return int(_OVERRIDE["bwd_rest_min_keys"])
+    return _SM90_BWD_WARP_SPEC.get(head_dim_pad, 0) if device.type == "cuda" else 0
+
+
 def fwd_resume_min_keys(device: torch.device) -> int:
     """Fewest keys for which a masked block pair takes the warp-specialized forward (two launches)."""
     if "fwd_resume_min_keys" in _OVERRIDE:
@@ -152,11 +183,11 @@ def fwd_resume_min_keys(device: torch.device) -> int:
 
 @contextlib.contextmanager
 def override(**tiles):
-    """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``: Tile) or modes
-    (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``: bool;
-    ``fwd_resume_min_keys=``: int) instead of the table, e.g. to tune or to test every mode."""
-    unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dq_atomic", "dkdv_split_tail", "fwd_tma", "fwd_warp_spec",
-                            "fwd_resume_min_keys"}
+    """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``, ``dkdv_ws=``, ``dq_ws=``: Tile) or
+    modes (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``, ``bwd_warp_spec=``: bool;
+    ``fwd_resume_min_keys=``, ``bwd_rest_min_keys=``: int) instead of the table, e.g. to tune or to test every mode."""
+    unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws", "dq_ws", "dq_atomic", "dkdv_split_tail", "fwd_tma",
+                            "fwd_warp_spec", "fwd_resume_min_keys", "bwd_warp_spec", "bwd_rest_min_keys"}
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}")
     saved = dict(_OVERRIDE)

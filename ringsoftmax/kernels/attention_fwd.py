@@ -444,26 +444,35 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
     with descriptor_scratch() if descriptors else contextlib.nullcontext():
         if warp_spec:
             ws_tile = config.tile_for("fwd_ws", q.device, prob.d_pad, q.dtype, bool(causal))
-            masked = not every_key_visible(prob, causal, q_offset, k_offset, k_stride, ws_tile.block_n)
+            masked = bool(prob.max_k % ws_tile.block_n) or not every_key_visible(prob, causal, q_offset, k_offset,
+                                                                                 k_stride)
             warp_spec = not masked or prob.max_k >= config.fwd_resume_min_keys(q.device)
         if warp_spec:
             # the unmasked part's (out, lse), in float32 when the masked part continues from it
             part = out if (out_dtype == torch.float32 or not masked) else torch.empty(
                 q.shape, dtype=torch.float32, device=q.device)
-            try:  # its one tile only: other tiles are not validated with warp specialization
-                launch(_attn_fwd_kernel, grid, _with_outputs(args, part, part),
-                       dict(kwargs, TMA=True, WARP_SPEC=True), ws_tile, key + ("ws",), fallback=())
-            except RuntimeError:   # does not fit this device's shared memory
-                warp_spec = False
-            if warp_spec and masked:
-                # the same row/key tiles as the first launch, so that both agree where masks start
-                resume = config.Tile(ws_tile.block_m, ws_tile.block_n, tile.num_warps, tile.num_stages)
-                launch(_attn_fwd_kernel, grid, _with_outputs(args, out, part),
-                       dict(kwargs, TMA=True, RESUME=True), resume, key + ("resume",), fallback=())
-            if warp_spec:
+            if launch_split(_attn_fwd_kernel, grid, _with_outputs(args, part, part), dict(kwargs, TMA=True),
+                            ws_tile, _with_outputs(args, out, part) if masked else None,
+                            dict(kwargs, TMA=True, RESUME=True), tile, key):
                 return out, lse
         launch(_attn_fwd_kernel, grid, args, dict(kwargs, TMA=tma), tile, key + (tma,))
     return out, lse
+
+
+def launch_split(kernel, grid, args: tuple, kwargs: dict, ws_tile: config.Tile, rest_args, rest_kwargs: dict,
+                 tile: config.Tile, key: tuple) -> bool:
+    """Run ``kernel`` with WARP_SPEC=True (its unmasked tiles, in ``ws_tile``), then, unless
+    ``rest_args`` is None, once more on ``rest_args`` with ``rest_kwargs`` (the tiles that need a
+    mask) in the same block sizes, so that both launches agree where masks start, and ``tile``'s
+    warps and stages. False, with nothing run, if ``ws_tile`` does not fit the device."""
+    try:  # its one tile only: other tiles are not validated with warp specialization
+        launch(kernel, grid, args, dict(kwargs, WARP_SPEC=True), ws_tile, key + ("ws",), fallback=())
+    except RuntimeError:   # does not fit this device's shared memory
+        return False
+    if rest_args is not None:
+        rest = config.Tile(ws_tile.block_m, ws_tile.block_n, tile.num_warps, tile.num_stages)
+        launch(kernel, grid, rest_args, rest_kwargs, rest, key + ("rest",), fallback=())
+    return True
 
 
 def _with_outputs(args: tuple, out: torch.Tensor, prev: torch.Tensor) -> tuple:
@@ -477,10 +486,7 @@ def warp_spec_ready(prob: _Problem) -> bool:
     return not prob.varlen and prob.max_q % 4 == 0
 
 
-def every_key_visible(prob: _Problem, causal: bool, q_offset: int, k_offset: int, k_stride: int,
-                      block_n: int) -> bool:
-    """Whether every query row sees every key in whole ``block_n`` tiles (no masked tile at all):
-    ``Sk % block_n == 0`` and, if causal, the last key at or before the first query."""
-    if prob.max_k % block_n:
-        return False
+def every_key_visible(prob: _Problem, causal: bool, q_offset: int, k_offset: int, k_stride: int) -> bool:
+    """Whether every query row sees every key: not causal, or the last key at or before the first
+    query. (A block pair has no masked tile if also its tiles divide the rows they walk.)"""
     return not causal or int(k_offset) + (prob.max_k - 1) * int(k_stride) <= int(q_offset)
