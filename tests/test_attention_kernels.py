@@ -104,14 +104,14 @@ MODES = {
     "atomic+split": dict(_PLAIN, dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
     "tma": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
     "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_resume_min_keys=0,
-                   bwd_warp_spec=True, bwd_rest_min_keys=0),
+                   bwd_warp_spec=True),
 }
 
 
 def kernel_paths(monkeypatch):
     """Record which kernel each launch ran, as "fwd:", "dkdv:" or "dq:" followed by "ws"
-    (warp-specialized, unmasked tiles), "rest" (the masked tiles after "ws") or "plain" (a list
-    the test reads afterwards)."""
+    (warp-specialized), "rest" (the forward's masked keys after "ws") or "plain" (a list the test
+    reads afterwards)."""
     from ringsoftmax.kernels import attention_bwd as bwd_module
     from ringsoftmax.kernels import attention_fwd as fwd_module
     names = {fwd_module._attn_fwd_kernel: "fwd", bwd_module._attn_bwd_dkdv_kernel: "dkdv",
@@ -119,8 +119,7 @@ def kernel_paths(monkeypatch):
     seen, real = [], fwd_module.launch
 
     def recording(kernel, grid, args, kwargs, *rest, **kw):
-        path = ("ws" if kwargs.get("WARP_SPEC") else "rest" if kwargs.get("RESUME") or kwargs.get("MASKED_ONLY")
-                else "plain")
+        path = "ws" if kwargs.get("WARP_SPEC") else "rest" if kwargs.get("RESUME") else "plain"
         seen.append(f"{names[kernel]}:{path}")
         return real(kernel, grid, args, kwargs, *rest, **kw)
 
@@ -308,33 +307,25 @@ def test_cpu_forward_split_launches(monkeypatch, causal, q_pos, k_pos, out_dtype
 
 @pytest.mark.parametrize("case", [0, 1, 2])
 def test_cpu_backward_warp_spec(monkeypatch, case):
-    """Whole tiles, every key visible: each backward kernel runs warp-specialized alone; ragged
-    queries (dK/dV) or keys (dQ) add the plain launch over the tail; lse rows off 16-byte
-    alignment run the plain kernels."""
+    """Each backward kernel runs warp-specialized alone, whole tiles or ragged (rows past the end
+    read 0); lse rows off 16-byte alignment run the plain kernels."""
     seen = kernel_paths(monkeypatch)
     run_and_check(2, 32, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
-    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws"], ["ws"])
-    seen.clear()
     run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
-    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws", "rest"], ["ws", "rest"])
+    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws", "ws"], ["ws", "ws"])
     seen.clear()
     run_and_check(1, 37, 48, 4, 4, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
     assert (of(seen, "dkdv"), of(seen, "dq")) == (["plain"], ["plain"])
-    seen.clear()
-    short_plain = dict(MODES["tma+ws"], bwd_rest_min_keys=46)   # masked pairs this short: plain kernels
-    run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode=short_plain)
-    run_and_check(1, 32, 48, 4, 1, 32, torch.float16, CPU, *all_visible(48, case), mode=short_plain)
-    assert (of(seen, "dkdv"), of(seen, "dq")) == (["plain", "ws"], ["plain", "ws"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("causal,q_pos,k_pos", CPU_MASKS)
-def test_cpu_backward_split_launches(monkeypatch, dtype, causal, q_pos, k_pos):
-    """Every ring-step mask through the two-launch backward (unmasked tiles warp-specialized, then
-    the masked and tail tiles added by the plain kernels), GQA, rows that see no key."""
+def test_cpu_backward_warp_spec_masks(monkeypatch, dtype, causal, q_pos, k_pos):
+    """Every ring-step mask through the warp-specialized backward (every tile masked by relative
+    positions), GQA, rows that see no key, ragged tiles."""
     seen = kernel_paths(monkeypatch)
     run_and_check(2, 36, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos, mode="tma+ws")
-    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws", "rest"], ["ws", "rest"])
+    assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws"], ["ws"])
 
 
 def test_cpu_rejects_bad_input():
@@ -389,9 +380,9 @@ def test_gpu_masks(dtype, D, H, Hkv, mode):
 @pytest.mark.parametrize("dtype,D,H,Hkv", [(torch.bfloat16, 128, 8, 2), (torch.bfloat16, 64, 4, 4),
                                            (torch.float16, 128, 4, 1)])
 def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
-    """Every ring-step mask through the warp-specialized kernels (Hopper), forward and backward:
-    alone where every key is visible in whole tiles, else followed by the plain kernels over the
-    masked tiles."""
+    """Every ring-step mask through the warp-specialized kernels (Hopper). Forward: alone where
+    every key is visible in whole tiles, else followed by the launch for the masked keys; backward:
+    one launch per kernel."""
     seen = kernel_paths(monkeypatch)
     dev = torch.device("cuda")
     for Sq, Sk in ((1000, 256), (128, 517)):
@@ -404,8 +395,7 @@ def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
         fwd = of(seen, "fwd")
         assert "plain" not in fwd and fwd.count("ws") == runs and fwd.count("rest") > 0
         for kernel in ("dkdv", "dq"):
-            paths = of(seen, kernel)
-            assert "plain" not in paths and paths.count("ws") == runs and paths.count("rest") > 0, kernel
+            assert of(seen, kernel) == ["ws"] * runs, kernel
 
 
 @gpu

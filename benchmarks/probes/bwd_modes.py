@@ -1,7 +1,7 @@
 """Probe (issue 4): the attention backward's modes side by side, one GPU, one run.
 
-Modes of ``attention_bwd``: the plain kernels, and the warp-specialized kernels over the unmasked
-tiles (followed by the plain kernels over the masked ones) with a few tile choices. Cells: head_dim
+Modes of ``attention_bwd``: the plain kernels, and the warp-specialized kernels (every visible
+tile in one loop, each tile masked) with a few tile choices. Cells: head_dim
 64/128; full, causal (diagonal block) and "past" (causal, every key before every query: a ring
 step); B*S = 32K tokens, 16 heads, bf16. Prints the backward's TFLOP/s (2.5x the forward's FLOPs),
 which kernels ran, and each mode's largest relative difference (dq, dk, dv) from the plain mode;
@@ -22,10 +22,9 @@ T = config.Tile
 MODES = {
     "plain": dict(bwd_warp_spec=False),
     "ws": dict(bwd_warp_spec=True),
-    "ws kv32": dict(bwd_warp_spec=True, dkdv_ws=T(32, 128, 4, 2)),
-    "ws q3st": dict(bwd_warp_spec=True, dq_ws=T(128, 64, 4, 3)),
-    "ws kv3st": dict(bwd_warp_spec=True, dkdv_ws=T(64, 128, 4, 3)),
-    "ws q128": dict(bwd_warp_spec=True, dq_ws=T(128, 128, 4, 2)),
+    "ws kv 2st": dict(bwd_warp_spec=True, dkdv_ws=T(64, 128, 4, 2)),
+    "ws kv 3st": dict(bwd_warp_spec=True, dkdv_ws=T(64, 128, 4, 3)),
+    "ws q 3st": dict(bwd_warp_spec=True, dq_ws=T(128, 64, 4, 3)),
 }
 
 
@@ -39,7 +38,7 @@ def main():
     paths, real = [], bwd_module.launch
 
     def recording(kernel, grid, args, kwargs, tile, *rest, **kw):
-        tag = "ws" if kwargs.get("WARP_SPEC") else "rest" if kwargs.get("MASKED_ONLY") else "plain"
+        tag = "ws" if kwargs.get("WARP_SPEC") else "plain"
         paths.append(f"{'kv' if kernel is bwd_module._attn_bwd_dkdv_kernel else 'q'}:{tag}")
         return real(kernel, grid, args, kwargs, tile, *rest, **kw)
 

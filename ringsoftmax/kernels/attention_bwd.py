@@ -13,11 +13,11 @@ passes ``delta - dlse``), then ``dS = P * (dP - delta)``. Two kernels:
   recomputing QK^T and dO V^T (7 matmuls per tile pair in all, no atomics, deterministic).
 
 Both skip tiles no query sees and mask only tiles that straddle the causal boundary (positions as
-in ``attention_fwd``). On Hopper (``attention_config.bwd_warp_spec``) each runs first with
-WARP_SPEC over its unmasked whole tiles only, in one loop that Triton splits into a TMA-load warp
-and two compute groups, then, if some tiles need a mask or run past the end, once more with
-MASKED_ONLY over those, adding to the first launch's result. Gradients are float32 and are added into caller-given buffers, which may
-be strided views (the ring accumulates dK/dV as they travel).
+in ``attention_fwd``). On Hopper (``attention_config.bwd_warp_spec``) each runs instead with
+WARP_SPEC: every visible tile in one loop that Triton splits into a TMA-load warp and two compute
+groups, loads through tensor descriptors (rows past the end read 0 and add 0), every tile masked
+(a branch in the loop would turn the splitting off). Gradients are float32 and are added into
+caller-given buffers, which may be strided views (the ring accumulates dK/dV as they travel).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ import triton.language as tl
 
 from . import attention_config as config
 from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, descriptor_scratch,
-                            dot_precision, every_key_visible, launch, launch_split, tma_ready, unit_last_stride)
+                            dot_precision, launch, launch_split, tma_ready,
+                            unit_last_stride)
 
 
 # ----------------------------------------------------------------------------- delta = rowsum(dout * out)
@@ -82,16 +83,16 @@ def _lse_log2(lse):
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, k_pos, q_pos, CAUSAL_MASK: tl.constexpr,
+def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, visible, MASKED: tl.constexpr,
                DOT_PRECISION: tl.constexpr):
     """Add one query tile's share to dK, dV (BLOCK_N, D) of one key tile, transposed: P^T is (N, M).
 
-    lse2: (BLOCK_M,) lse in log2 units (``_lse_log2``); CAUSAL_MASK: zero P where the key position
-    ``k_pos`` is after the query position ``q_pos``. Returns (dk, dv, dS^T) (dS^T in q's dtype)."""
+    lse2: (BLOCK_M,) lse in log2 units (``_lse_log2``); where MASKED, P^T is zero outside
+    ``visible`` (BLOCK_N, BLOCK_M). Returns (dk, dv, dS^T) (dS^T in q's dtype)."""
     s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
     p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
-    if CAUSAL_MASK:
-        p_t = tl.where(k_pos[:, None] <= q_pos[None, :], p_t, 0.0)
+    if MASKED:
+        p_t = tl.where(visible, p_t, 0.0)
     dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
     # dS^T = P^T * (dP^T - delta)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
@@ -141,8 +142,9 @@ def _dkdv_steps(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qs, stride_ds, strid
         else:
             lse = tl.load(Lse + rows * stride_ls)
             delta = tl.load(Delta + rows * stride_es)
-        dk, dv, ds_t = _dkdv_tile(dk, dv, k, v, q, do, _lse_log2(lse), delta, qk_scale, k_pos,
-                                  q_offset + rows * q_stride, CAUSAL_MASK, DOT_PRECISION)
+        visible = k_pos[:, None] <= (q_offset + rows * q_stride)[None, :]
+        dk, dv, ds_t = _dkdv_tile(dk, dv, k, v, q, do, _lse_log2(lse), delta, qk_scale, visible, CAUSAL_MASK,
+                                  DOT_PRECISION)
         if DQ_ATOMIC:
             dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
             dq_ptrs = DQ + rows.to(tl.int64)[:, None] * stride_dqs + offs_d[None, :]
@@ -152,18 +154,25 @@ def _dkdv_steps(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qs, stride_ds, strid
 
 @triton.jit
 def _dkdv_ws_steps(dk, dv, k, v, Q, DO, Lse, Delta, stride_qs, stride_ds, stride_lh, stride_eh, lo, hi, Sq, GROUP,
-                   qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dK, dV of one key tile over the whole, unmasked query tiles [lo, hi) of every head of the GQA
-    group, in ONE loop that Triton splits into a TMA-load warp and two compute groups (its Hopper
-    warp specialization takes one loop and no branch in it). Every load goes through a tensor
+                   qk_scale, key_gap, q_stride, k_stride, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one key tile over the query tiles [lo, hi) of every head of the GQA group, in ONE
+    loop that Triton splits into a TMA-load warp and two compute groups (its Hopper warp
+    specialization takes one loop and no branch in it). Every load goes through a tensor
     descriptor: ``Q``/``DO`` point at the group's first head and its GROUP heads lie side by side
-    (head stride = HEAD_DIM); ``Lse``/``Delta`` at that head's row, rows ``stride_lh`` apart."""
+    (head stride = HEAD_DIM); ``Lse``/``Delta`` at that head's row, rows ``stride_lh`` apart.
+
+    Rows past Sq read q = dout = lse = delta = 0 and so add exactly 0. CAUSAL masks every tile:
+    query i of a tile sees key j iff j*k_stride - i*q_stride <= key_gap + start_m*q_stride, with
+    ``key_gap`` = q_offset - (position of the tile's first key); relative positions because
+    triton 3.6's Hopper warp specialization offsets a "start + arange" row vector twice."""
     desc_q = tl.make_tensor_descriptor(Q, shape=[Sq, GROUP * HEAD_DIM], strides=[stride_qs, 1],
                                        block_shape=[BLOCK_M, HEAD_DIM])
     desc_do = tl.make_tensor_descriptor(DO, shape=[Sq, GROUP * HEAD_DIM], strides=[stride_ds, 1],
                                         block_shape=[BLOCK_M, HEAD_DIM])
     desc_l = tl.make_tensor_descriptor(Lse, shape=[GROUP, Sq], strides=[stride_lh, 1], block_shape=[1, BLOCK_M])
     desc_e = tl.make_tensor_descriptor(Delta, shape=[GROUP, Sq], strides=[stride_eh, 1], block_shape=[1, BLOCK_M])
+    rel = (tl.arange(0, BLOCK_N) * k_stride)[:, None] - (tl.arange(0, BLOCK_M) * q_stride)[None, :]
     n_tiles = (hi - lo) // BLOCK_M
     for i in tl.range(0, GROUP * n_tiles, warp_specialize=True):
         # query tile (head g of the group, rows from start_m)
@@ -173,7 +182,8 @@ def _dkdv_ws_steps(dk, dv, k, v, Q, DO, Lse, Delta, stride_qs, stride_ds, stride
         do = desc_do.load([start_m, g * HEAD_DIM])
         lse2 = _lse_log2(tl.reshape(desc_l.load([g, start_m]), [BLOCK_M]))
         delta = tl.reshape(desc_e.load([g, start_m]), [BLOCK_M])
-        dk, dv, _ = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, 0, 0, False, DOT_PRECISION)
+        dk, dv, _ = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, qk_scale, rel <= key_gap + start_m * q_stride,
+                               CAUSAL, DOT_PRECISION)
     return dk, dv
 
 
@@ -207,7 +217,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ACCUMULATE: tl.constexpr,
                           DQ_ATOMIC: tl.constexpr, SPLIT_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                          WARP_SPEC: tl.constexpr = False, MASKED_ONLY: tl.constexpr = False):
+                          WARP_SPEC: tl.constexpr = False):
     # which key tile, batch (or sequence) and K/V head
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -244,7 +254,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
 
     # query ranges: [m_lo, m_mid) straddles the causal boundary (masked), [m_mid, Sq) sees every key;
     # with SPLIT_TAIL, whole tiles up to m_end load without row checks, then the last partial tile.
-    # Split over two launches (WARP_SPEC: [m_mid, m_end) only; MASKED_ONLY: the rest, added to it).
+    # WARP_SPEC: all of [m_lo, Sq) in one loop, every tile masked if causal.
     if CAUSAL:
         last_col = tl.minimum(start_n + BLOCK_N, Sk) - 1
         pos_first = k_offset + start_n * k_stride
@@ -257,7 +267,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
     else:
         m_lo = 0
         m_mid = 0
-    if SPLIT_TAIL or WARP_SPEC or MASKED_ONLY:
+    if SPLIT_TAIL:
         m_end = tl.maximum((Sq // BLOCK_M) * BLOCK_M, m_mid)
     else:
         m_end = m_mid
@@ -270,8 +280,10 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
     if WARP_SPEC:
         h0 = hk * GROUP
         dk, dv = _dkdv_ws_steps(dk, dv, k, v, Q + h0 * stride_qh, DO + h0 * stride_dh, Lse + h0 * stride_lh,
-                                Delta + h0 * stride_eh, stride_qs, stride_ds, stride_lh, stride_eh, m_mid, m_end, Sq,
-                                GROUP, qk_scale, HEAD_DIM, BLOCK_M, DOT_PRECISION)
+                                Delta + h0 * stride_eh, stride_qs, stride_ds, stride_lh, stride_eh, m_lo,
+                                tl.cdiv(Sq, BLOCK_M) * BLOCK_M, Sq, GROUP, qk_scale,
+                                q_offset - k_offset - start_n * k_stride, q_stride, k_stride, CAUSAL, HEAD_DIM,
+                                BLOCK_M, BLOCK_N, DOT_PRECISION)
     else:
         # every query head of the GQA group adds into the same dK, dV
         for g in range(GROUP):
@@ -284,7 +296,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
             dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es,
                                  stride_dqs, m_lo, m_mid, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale,
                                  offs_m, offs_d, HEAD_DIM, D_PAD, BLOCK_M, True, True, DQ_ATOMIC, DOT_PRECISION)
-            if SPLIT_TAIL and not MASKED_ONLY:
+            if SPLIT_TAIL:
                 dk, dv = _dkdv_steps(dk, dv, k, v, Qh, DOh, Lh, Eh, DQh, stride_qs, stride_ds, stride_ls, stride_es,
                                      stride_dqs, m_mid, m_end, Sq, k_pos, q_offset, q_stride, qk_scale, softmax_scale,
                                      offs_m, offs_d, HEAD_DIM, D_PAD, BLOCK_M, False, False, DQ_ATOMIC, DOT_PRECISION)
@@ -303,15 +315,21 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
 
 # ----------------------------------------------------------------------------- dQ
 @triton.jit
-def _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, lo, hi, Sk, q_pos, k_offset,
-              k_stride, qk_scale, offs_n, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr):
+def _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, lo, hi, Sk, q_pos, key_gap,
+              k_offset, q_stride, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi); lse2 in log2 units (``_lse_log2``).
 
     WARP_SPEC: K/V tiles come through the tensor descriptors ``desc_k``/``desc_v`` and Triton
-    splits the loop into a TMA-load warp and two compute groups; else through pointers."""
+    splits the loop into a TMA-load warp and two compute groups; every tile is masked then (keys
+    past Sk and, if causal, by relative positions: query i of the tile sees key j iff
+    j*k_stride - i*q_stride <= key_gap - start_n*k_stride, ``key_gap`` = the tile's first query
+    position - k_offset; see ``_dkdv_ws_steps``). Else through pointers, masked where MASKED by
+    the absolute positions ``q_pos``."""
     k_tile = offs_n[:, None] * stride_ks + offs_d[None, :]
     v_tile = offs_n[:, None] * stride_vs + offs_d[None, :]
+    rel = (offs_n * k_stride)[None, :] - (tl.arange(0, BLOCK_M) * q_stride)[:, None]
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -322,9 +340,14 @@ def _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs
             k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
             v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
         # keys past the end and, if causal, keys after the query contribute nothing
-        visible = (cols < Sk)[None, :]
-        if CAUSAL:
-            visible = visible & ((k_offset + cols * k_stride)[None, :] <= q_pos[:, None])
+        if WARP_SPEC:
+            visible = (offs_n < Sk - start_n)[None, :]
+            if CAUSAL:
+                visible = visible & (rel <= key_gap - start_n * k_stride)
+        else:
+            visible = (cols < Sk)[None, :]
+            if CAUSAL:
+                visible = visible & ((k_offset + cols * k_stride)[None, :] <= q_pos[:, None])
         dq = _dq_tile(dq, q, do, lse2, delta, k, v, qk_scale, visible, MASKED, DOT_PRECISION)
     return dq
 
@@ -342,8 +365,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, CuQ, CuK,
                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ACCUMULATE: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr = False,
-                        MASKED_ONLY: tl.constexpr = False):
+                        DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr = False):
     b, h, q_start, Sq, k_start, Sk, start_m = _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M, CAUSAL, VARLEN)
     if VARLEN:
         # the grid covers the longest sequence; shorter ones have no rows here
@@ -388,17 +410,21 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, CuQ, CuK,
     lse2 = _lse_log2(lse)
     dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
-    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped.
-    # Split over two launches (WARP_SPEC: the unmasked keys only; MASKED_ONLY: the rest, added to it)
+    # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped
+    # (WARP_SPEC: all of [0, hi) in one loop, every tile masked)
     full_end, hi = _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride, BLOCK_M, BLOCK_N, CAUSAL)
-    if not MASKED_ONLY:
+    key_gap = q_offset + start_m * q_stride - k_offset
+    if WARP_SPEC:
+        dq = _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, 0, hi, Sk, q_pos, key_gap,
+                       k_offset, q_stride, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True,
+                       CAUSAL, DOT_PRECISION, True)
+    else:
         dq = _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, 0, full_end, Sk, q_pos,
-                       k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, False, CAUSAL,
-                       DOT_PRECISION, WARP_SPEC)
-    if not WARP_SPEC:
+                       key_gap, k_offset, q_stride, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_M,
+                       BLOCK_N, False, CAUSAL, DOT_PRECISION, False)
         dq = _dq_steps(dq, q, do, lse2, delta, K, V, desc_k, desc_v, stride_ks, stride_vs, full_end, hi, Sk, q_pos,
-                       k_offset, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N, True, CAUSAL,
-                       DOT_PRECISION, False)
+                       key_gap, k_offset, q_stride, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_M,
+                       BLOCK_N, True, CAUSAL, DOT_PRECISION, False)
 
     # write back (dQ carries the softmax scale of dS k)
     DQ += b64 * stride_dqb + (q_start + start_m).to(tl.int64) * stride_dqs + h * stride_dqh
@@ -478,41 +504,39 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
                   DOT_PRECISION=dot_precision(q.dtype))
     key = (q.device.type, prob.d_pad, q.dtype, causal)
     group = prob.heads // prob.kv_heads
-    # warp-specialized kernels over the unmasked tiles where the table says so and the inputs allow
-    # it, each followed, if any of its tiles needs a mask or runs past the end, by the plain kernel
-    # over those tiles only, adding to what the first wrote
-    warp_spec = (not atomic and config.bwd_warp_spec(q.device, prob.d_pad, q.dtype, causal)
+    # the warp-specialized kernels where the table says so and the inputs allow it
+    shorter = min(prob.max_q, prob.max_k)
+    warp_spec = (not atomic and config.bwd_warp_spec(q.device, prob.d_pad, q.dtype, causal, shorter)
                  and warp_spec_ready(prob, q, k, v, dout, lse, delta))
-    all_visible = every_key_visible(prob, causal, q_offset, k_offset, k_stride)
-    rest_ok = prob.max_k >= config.bwd_rest_min_keys(q.device, prob.d_pad)
 
     with descriptor_scratch() if warp_spec else contextlib.nullcontext():
         # dK, dV (and, by atomics, dQ) per key tile
-        tile = config.tile_for("dkdv", q.device, prob.d_pad, q.dtype, causal)
         grid = lambda t: (triton.cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
         args = (q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k, *common, *prob.strides(dk), *prob.strides(dv),
                 *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
-        kw = dict(kwargs, ACCUMULATE=acc_k, DQ_ATOMIC=atomic, SPLIT_TAIL=split_tail)
-        ws_tile = config.tile_for("dkdv_ws", q.device, prob.d_pad, q.dtype, causal)
-        masked = bool(prob.max_q % ws_tile.block_m) or not all_visible
-        if not (warp_spec and (rest_ok or not masked) and launch_split(_attn_bwd_dkdv_kernel, grid, args, kw, ws_tile, args if masked else None,
-                                           dict(kw, ACCUMULATE=True, MASKED_ONLY=True), tile, ("dkdv",) + key)):
-            launch(_attn_bwd_dkdv_kernel, grid, args, kw, tile, ("dkdv", atomic, split_tail) + key)
+        _launch_either(_attn_bwd_dkdv_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_k, DQ_ATOMIC=atomic,
+                                                                SPLIT_TAIL=split_tail),
+                       "dkdv", warp_spec, q.device, prob.d_pad, q.dtype, causal, (atomic, split_tail) + key)
         if atomic:
             return dq, dk, dv
 
         # dQ per query tile
-        tile = config.tile_for("dq", q.device, prob.d_pad, q.dtype, causal)
         grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
         args = (q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, *prob.strides(dq),
                 prob.max_q, prob.max_k, prob.heads, group, *scalars)
-        kw = dict(kwargs, ACCUMULATE=acc_q)
-        ws_tile = config.tile_for("dq_ws", q.device, prob.d_pad, q.dtype, causal)
-        masked = bool(prob.max_k % ws_tile.block_n) or not all_visible
-        if not (warp_spec and (rest_ok or not masked) and launch_split(_attn_bwd_dq_kernel, grid, args, kw, ws_tile, args if masked else None,
-                                           dict(kw, ACCUMULATE=True, MASKED_ONLY=True), tile, ("dq",) + key)):
-            launch(_attn_bwd_dq_kernel, grid, args, kw, tile, ("dq",) + key)
+        _launch_either(_attn_bwd_dq_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_q), "dq", warp_spec, q.device,
+                       prob.d_pad, q.dtype, causal, key)
     return dq, dk, dv
+
+
+def _launch_either(kernel, grid, args: tuple, kwargs: dict, name: str, warp_spec: bool, device, d_pad: int, dtype,
+                   causal: bool, key: tuple) -> None:
+    """Launch backward kernel ``name`` ("dkdv" or "dq") warp-specialized in its table tile if
+    ``warp_spec`` and that tile fits the device, else plain."""
+    tile = config.tile_for(name, device, d_pad, dtype, causal)
+    ws_tile = config.tile_for(name + "_ws", device, d_pad, dtype, causal)
+    if not (warp_spec and launch_split(kernel, grid, args, kwargs, ws_tile, None, {}, tile, (name,) + key)):
+        launch(kernel, grid, args, kwargs, tile, (name,) + key)
 
 
 def warp_spec_ready(prob, q, k, v, dout, lse, delta) -> bool:

@@ -20,8 +20,8 @@ fixed); ``dq_by_atomics`` says which. ``dkdv_split_tail`` says whether the dK/dV
 last partial query tile a loop of its own, so that the main loop loads without row checks.
 
 Benchmarks try other settings with ``override(fwd=..., dkdv=..., dq=..., dq_atomic=...,
-dkdv_split_tail=..., bwd_warp_spec=...)``. A tile that does not fit the device's shared memory falls back to
-``FALLBACK`` (see ``attention_fwd.launch``).
+dkdv_split_tail=..., bwd_warp_spec=...)``. A tile that does not fit the device's shared memory
+falls back to ``FALLBACK`` (see ``attention_fwd.launch``).
 """
 from __future__ import annotations
 
@@ -101,12 +101,11 @@ _SM90_FWD_WARP_SPEC: set[int] = {128}
 # D=128 causal it gained 6% at 32K and 3% at 16K keys, and lost 11% at 4K.
 _SM90_FWD_RESUME_MIN_KEYS = 16384
 # Padded head dims for which the Hopper backward runs its warp-specialized kernels (TMA loads, one
-# loop split into a load warp and two compute groups) over the unmasked tiles, followed, where a
-# tile needs a mask or runs past the end, by the plain kernels over those tiles only, adding to it;
-# each maps to the fewest keys for which a block pair WITH masked tiles takes that route. On an
-# H200 (bf16, B*S = 32K, .notes/attention.md call 7) the backward gained 23-30% at D=128 (causal
-# 8K included); at D=64 5-12% without masks and 6% causal at 32K keys, but lost 11% causal at 8K.
-_SM90_BWD_WARP_SPEC: dict[int, int] = {64: 32768, 128: 0}
+# loop over every visible tile split into a load warp and two compute groups, each tile masked),
+# each with the shortest query/key block (the smaller of the two) that takes them. On an H200
+# (bf16, B*S = 32K, .notes/attention.md call 9): D=128 backward +19-27% at 4K-32K, causal
+# included; D=64 +2-8% at 8K-32K, but -1 to -8% at 4K.
+_SM90_BWD_WARP_SPEC: dict[int, int] = {64: 8192, 128: 0}
 
 _OVERRIDE: dict = {}
 
@@ -161,17 +160,12 @@ def fwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, c
     return _sm90_flag("fwd_warp_spec", _SM90_FWD_WARP_SPEC, device, head_dim_pad, dtype)
 
 
-def bwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
-    """Whether the backward runs warp-specialized (with TMA loads) over its unmasked tiles."""
+def bwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool, seqlen: int) -> bool:
+    """Whether the backward runs warp-specialized (with TMA loads), ``seqlen`` being the smaller of
+    the block pair's query and key lengths."""
+    if "bwd_warp_spec" not in _OVERRIDE and seqlen < _SM90_BWD_WARP_SPEC.get(head_dim_pad, 0):
+        return False
     return _sm90_flag("bwd_warp_spec", _SM90_BWD_WARP_SPEC, device, head_dim_pad, dtype)
-
-
-def bwd_rest_min_keys(device: torch.device, head_dim_pad: int) -> int:
-    """Fewest keys for which a block pair with masked tiles takes the warp-specialized backward
-    (then the plain kernels over the masked tiles)."""
-    if "bwd_rest_min_keys" in _OVERRIDE:
-        return int(_OVERRIDE["bwd_rest_min_keys"])
-    return _SM90_BWD_WARP_SPEC.get(head_dim_pad, 0) if device.type == "cuda" else 0
 
 
 def fwd_resume_min_keys(device: torch.device) -> int:
@@ -185,9 +179,9 @@ def fwd_resume_min_keys(device: torch.device) -> int:
 def override(**tiles):
     """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``, ``dkdv_ws=``, ``dq_ws=``: Tile) or
     modes (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``, ``bwd_warp_spec=``: bool;
-    ``fwd_resume_min_keys=``, ``bwd_rest_min_keys=``: int) instead of the table, e.g. to tune or to test every mode."""
-    unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws", "dq_ws", "dq_atomic", "dkdv_split_tail", "fwd_tma",
-                            "fwd_warp_spec", "fwd_resume_min_keys", "bwd_warp_spec", "bwd_rest_min_keys"}
+    ``fwd_resume_min_keys=``: int) instead of the table, e.g. to tune or to test every mode."""
+    unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws", "dq_ws", "dq_atomic", "dkdv_split_tail",
+                            "fwd_tma", "fwd_warp_spec", "fwd_resume_min_keys", "bwd_warp_spec"}
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}")
     saved = dict(_OVERRIDE)
