@@ -29,8 +29,7 @@ import triton.language as tl
 
 from . import attention_config as config
 from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, descriptor_scratch,
-                            dot_precision, launch, launch_split, tma_ready,
-                            unit_last_stride)
+                            dot_precision, launch, launch_split, tma_ready, unit_last_stride)
 
 
 # ----------------------------------------------------------------------------- delta = rowsum(dout * out)
@@ -307,10 +306,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, CuQ, CuK,
     # write back (dK carries the softmax scale of dS q)
     DK += b64 * stride_dkb + k_start.to(tl.int64) * stride_dks + hk * stride_dkh
     DV += b64 * stride_dvb + k_start.to(tl.int64) * stride_dvs + hk * stride_dvh
-    rel = tl.arange(0, BLOCK_N)
-    _add_store(DK + start_n.to(tl.int64) * stride_dks, dk * softmax_scale, rel, Sk - start_n, stride_dks, offs_d,
+    tile_rows = tl.arange(0, BLOCK_N)
+    _add_store(DK + start_n.to(tl.int64) * stride_dks, dk * softmax_scale, tile_rows, Sk - start_n, stride_dks, offs_d,
                HEAD_DIM, ACCUMULATE)
-    _add_store(DV + start_n.to(tl.int64) * stride_dvs, dv, rel, Sk - start_n, stride_dvs, offs_d, HEAD_DIM, ACCUMULATE)
+    _add_store(DV + start_n.to(tl.int64) * stride_dvs, dv, tile_rows, Sk - start_n, stride_dvs, offs_d, HEAD_DIM,
+               ACCUMULATE)
 
 
 # ----------------------------------------------------------------------------- dQ
