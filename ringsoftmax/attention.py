@@ -41,8 +41,12 @@ def check_qkv(q, k, v, fn: str, packed: bool = False) -> None:
 
 
 def default_scale(q: torch.Tensor, softmax_scale):
-    """``softmax_scale`` or 1/sqrt(head_dim)."""
-    return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    """``softmax_scale`` or 1/sqrt(head_dim); raises ValueError unless it is positive and finite
+    (the kernels take the row maximum before scaling)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+    return scale
 
 
 class AttentionFunction(torch.autograd.Function):

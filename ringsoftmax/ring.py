@@ -267,9 +267,9 @@ def ring_attention(q, k, v, causal: bool = False, softmax_scale=None, group=None
         problem = split_error(layout, q.shape[1] * world, world) or device_error(pg, q)
         if problem:
             raise ValueError(f"{fn}: {problem}")
+        scale = default_scale(q, softmax_scale)
     except INPUT_ERRORS as e:
-        error = e
-    scale = default_scale(q, softmax_scale) if error is None else 0.0
+        error, scale = e, 0.0
     fields = {"q's shape": _shape(q), "k's shape": _shape(k), "v's shape": _shape(v), "dtype": (_dtype_code(q),),
               "causal": (bool(causal),), "layout": (LAYOUTS.index(layout) if layout in LAYOUTS else -1,), "softmax_scale": (scale,)}
     agree(pg, fields, error, fn)

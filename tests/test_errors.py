@@ -37,6 +37,14 @@ def test_attention_bad_inputs(change, error, match):
         rs.attention(*change(*_qkv()))
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf")])
+def test_attention_bad_softmax_scale(scale):
+    with pytest.raises(ValueError, match="softmax_scale must be a positive finite number"):
+        rs.attention(*_qkv(), softmax_scale=scale)
+    with pytest.raises(ValueError, match="softmax_scale must be a positive finite number"):
+        rs.ring_attention(*_qkv(), softmax_scale=scale)
+
+
 def test_attention_varlen_bad_cu_seqlens():
     q, k, v = (t[0] for t in _qkv())
     with pytest.raises(ValueError, match="rise from 0 to 8"):
@@ -86,6 +94,8 @@ def _distributed_errors(rank, world):
     _expect(ValueError, "ranks disagree on dtype", rs.ring_attention,
             *_qkv(s=6, dtype=torch.float64 if rank else torch.float32))
     _expect(ValueError, "ranks disagree on causal", rs.ring_attention, q, k, v, causal=bool(rank))
+    err = (ValueError, "softmax_scale must be a positive") if rank == 1 else other
+    _expect(*err, rs.ring_attention, q, k, v, softmax_scale=-1.0 if rank == 1 else None)
     _expect(ValueError, "ranks disagree on x's shape", rs.ring_softmax, torch.zeros(2 + rank, 3), dim=1)
     # a length the layout can't split, on every rank
     _expect(ValueError, "multiple of 4", rs.ring_attention, *_qkv(s=5))

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from . import attention_config as config
-from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, descriptor_scratch,
-                            dot_precision, launch, launch_split, tma_ready, unit_last_stride)
+from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, check_scale,
+                            descriptor_scratch, dot_precision, launch, launch_split, tma_ready, unit_last_stride)
 
 
 # ----------------------------------------------------------------------------- delta = rowsum(dout * out)
@@ -498,8 +498,8 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
     cu_q, cu_k = prob.cu_args(q.device)
     common = (*prob.strides(q), *prob.strides(k), *prob.strides(v), *prob.strides(dout), *rows_strides(lse),
               *rows_strides(delta))
-    scalars = (int(q_offset), int(q_stride), int(k_offset), int(k_stride), float(softmax_scale) * LOG2E,
-               float(softmax_scale))
+    scale = check_scale(softmax_scale)
+    scalars = (int(q_offset), int(q_stride), int(k_offset), int(k_stride), scale * LOG2E, scale)
     kwargs = dict(HEAD_DIM=prob.head_dim, D_PAD=prob.d_pad, CAUSAL=causal, VARLEN=prob.varlen,
                   DOT_PRECISION=dot_precision(q.dtype))
     key = (q.device.type, prob.d_pad, q.dtype, causal)
