@@ -26,6 +26,7 @@ falls back to ``FALLBACK`` (see ``attention_fwd.launch``).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +114,17 @@ _SM90_BWD_WARP_SPEC: dict[int, int] = {64: 8192, 128: 0}
 _OVERRIDE: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _major_of(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def cuda_major(device: torch.device) -> int:
+    """The compute capability's major number of CUDA ``device`` (asked once per GPU: the host time of
+    every block call counts in a ring of short blocks)."""
+    return _major_of(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def tile_for(kernel: str, device: torch.device, head_dim_pad: int, dtype: torch.dtype,
              causal: bool) -> Tile:
     """The tile for ``kernel`` ("fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws" or "dq_ws") on ``device``.
@@ -126,8 +138,7 @@ def tile_for(kernel: str, device: torch.device, head_dim_pad: int, dtype: torch.
         return _INTERPRETER
     if dtype == torch.float32:
         return _FP32
-    major, _ = torch.cuda.get_device_capability(device)
-    if major != 9:
+    if cuda_major(device) != 9:
         return _GENERIC_16BIT[kernel]
     entry = _SM90_16BIT.get((kernel, max(head_dim_pad, 64)), _GENERIC_16BIT[kernel])
     return entry[bool(causal)] if isinstance(entry, dict) else entry
@@ -139,8 +150,7 @@ def _sm90_flag(name: str, head_dims, device: torch.device, head_dim_pad: int, dt
         return bool(_OVERRIDE[name])
     if device.type != "cuda" or dtype == torch.float32:
         return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major == 9 and head_dim_pad in head_dims
+    return cuda_major(device) == 9 and head_dim_pad in head_dims
 
 
 def dq_by_atomics(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:

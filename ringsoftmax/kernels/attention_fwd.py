@@ -275,8 +275,13 @@ class _Problem:
     def cu_args(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self.varlen:
             return self.cu_q, self.cu_k
-        dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        dummy = _DUMMY_CU.get(device)
+        if dummy is None:   # one per device: the kernels never read it when not packed
+            dummy = _DUMMY_CU[device] = torch.zeros(1, dtype=torch.int32, device=device)
         return dummy, dummy
+
+
+_DUMMY_CU: dict[torch.device, torch.Tensor] = {}
 
 
 def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
