@@ -15,6 +15,7 @@ import torch
 from helpers import rel_err, softmax64
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
+from ringsoftmax.kernels import softmax_staged as S
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 cpu_only = pytest.mark.skipif(not INTERP, reason="interpreter tests: TRITON_INTERPRET=1 (set without CUDA)")
@@ -248,7 +249,17 @@ def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
 # ---------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------
-GPU_N = [1, 2, 127, 1000, 4097, 16385, 32768, 32769, 65539, 1000003, 16 * 2**20 + 3]
+# 16-bit split rows take the staged kernel only where N % 16 == 0 (65552, 2^20, 2^21)
+GPU_N = [1, 2, 127, 1000, 4097, 16385, 32768, 32769, 65539, 65552, 1000003, 2**20, 2**21, 16 * 2**20 + 3]
+#: Split-row paths on CUDA: staged (shared memory, Gluon), persistent (L2 re-read), two-pass.
+SPLIT_PATHS = ["staged", "persistent", "two-pass"]
+
+
+def use_split_path(monkeypatch, path, max_row_bytes):
+    """Route split rows to ``path``; the persistent kernel at every N (``max_row_bytes`` knob)."""
+    monkeypatch.setattr(S, "STAGED", path == "staged")
+    monkeypatch.setattr(F, "PERSISTENT", path != "two-pass")
+    monkeypatch.setattr(*max_row_bytes, None)
 
 
 def _rows_for(n):
@@ -256,14 +267,13 @@ def _rows_for(n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("path", SPLIT_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", GPU_N)
-def test_fwd_gpu(n, dtype, persistent, poisoned, monkeypatch):
-    if not persistent and n <= F.ROWS_MAX_N[torch.finfo(dtype).bits // 8]:
+def test_fwd_gpu(n, dtype, path, poisoned, monkeypatch):
+    if path != "staged" and n <= F.ROWS_MAX_N[torch.finfo(dtype).bits // 8]:
         pytest.skip("same path")
-    monkeypatch.setattr(F, "PERSISTENT", persistent)
-    monkeypatch.setattr(F, "PERSISTENT_MAX_ROW_BYTES", None)  # persistent at every split N
+    use_split_path(monkeypatch, path, (F, "PERSISTENT_MAX_ROW_BYTES"))
     x = make_x(_rows_for(n), n, dtype, "cuda")
     y, lse = F.softmax_fwd(x)
     check_fwd(x, y, lse, TOL[dtype])
@@ -310,14 +320,13 @@ def test_fwd_64bit_offsets_gpu(n, poisoned):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("path", SPLIT_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", GPU_N)
-def test_bwd_gpu(n, dtype, persistent, poisoned, monkeypatch):
-    if not persistent and n <= B.BWD_ROWS_MAX_N:
+def test_bwd_gpu(n, dtype, path, poisoned, monkeypatch):
+    if path != "staged" and n <= B.BWD_ROWS_MAX_N:
         pytest.skip("same path")
-    monkeypatch.setattr(F, "PERSISTENT", persistent)
-    monkeypatch.setattr(B, "BWD_PERSISTENT_MAX_ROW_BYTES", None)  # persistent at every split N
+    use_split_path(monkeypatch, path, (B, "BWD_PERSISTENT_MAX_ROW_BYTES"))
     y, dy = softmax_pair(_rows_for(n), n, dtype, "cuda")
     check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
     delta = B.row_dot(y, dy)
@@ -333,6 +342,67 @@ def test_bwd_persistent_shapes_gpu(m, n, poisoned):
     y, dy = y[:, 32:32 + n], dy[:, 16:16 + n]
     check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
     assert F.sync_failures("cuda") == 0
+
+
+def test_staged_table_fits_and_checks_its_config_cpu():
+    """Every staged entry keeps its ring consistent and fits a Hopper/Ampere multiprocessor's shared
+    memory; a config whose slots cannot hold the rows in use is refused before any launch; CPU
+    tensors never take the staged (Gluon) kernel."""
+    for (direction, elem), (chunk, warps, stages, ahead, lag) in S.STAGED_CONFIG.items():
+        assert ahead >= 1 and ahead + lag + 1 <= stages
+        tensors = 2 if direction == "bwd" else 1
+        assert stages * chunk * elem * tensors <= 160 * 1024
+        assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
+    x = torch.randn(2, 1 << 16)
+    assert not S.available(x)
+    with pytest.raises(ValueError, match="AHEAD"):
+        S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, 2, 1, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m, n", [(1, 65536), (300, 40000), (37, 2**19 + 16)])
+def test_staged_shapes_gpu(m, n, dtype, poisoned):
+    """The staged kernel itself: one row, many rows per program, a tail chunk; strided rows (16-byte
+    aligned, so 16-bit rows qualify)."""
+    x = make_x(m, n + 64, dtype, "cuda", scale=30.0)[:, 32:32 + n]
+    assert S.available(x)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    lse = torch.empty(m, device="cuda")
+    assert S.launch("fwd", x, x, y, lse)
+    check_fwd(x, y, lse, TOL[dtype])
+    dy = torch.randn_like(y)
+    dx = torch.empty_like(dy)
+    assert S.launch("bwd", y, dy, dx, dx)
+    check_bwd(y, dy, dx, TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+def test_staged_refuses_what_it_cannot_take_gpu():
+    """Rows longer than the resident grid holds, and unaligned 16-bit rows, go to the Triton paths."""
+    x = torch.randn(2, 2**25, device="cuda")
+    assert not S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2, device="cuda"))
+    assert not S.available(torch.randn(2, 65539, device="cuda").bfloat16())
+    assert not S.available(torch.randn(2, 65552 + 8, device="cuda").bfloat16()[:, 8:])
+    assert S.available(torch.randn(2, 65539, device="cuda"))
+
+
+@pytest.mark.gpu
+def test_staged_wait_that_gives_up_still_computes_right_gpu(poisoned, monkeypatch):
+    """SPIN_MAX < 0: every wait of the staged kernel gives up at once, so every row's statistic
+    comes from the fallback that re-reads the row from global memory."""
+    monkeypatch.setattr(F, "SPIN_MAX", -1)
+    before = F.sync_failures("cuda")
+    try:
+        x = make_x(9, 300000, torch.float32, "cuda", scale=50.0)
+        y, lse = F.softmax_fwd(x)
+        check_fwd(x, y, lse, TOL[torch.float32])
+        dy = torch.randn_like(y)
+        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
+        assert F.sync_failures("cuda") > before
+    finally:
+        F.error_counter("cuda").zero_()  # the other tests expect no give-ups in this process
 
 
 @cpu_only

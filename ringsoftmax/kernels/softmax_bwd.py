@@ -269,6 +269,8 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
         return dx
     if delta is not None:
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
+    elif fwd.staged_split("bwd", y, dy, dx):
+        pass
     elif n <= BWD_ROWS_MAX_N:
         _rows(y, dy, dx, None, store_dx=True)
     elif fwd.use_persistent(y, n * (y.element_size() + dy.element_size()), BWD_PERSISTENT_MAX_ROW_BYTES,

@@ -526,6 +526,18 @@ def _persistent(x, y, lse) -> None:
     _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
 
 
+def staged_split(direction: str, a, b, out, lse=None) -> bool:
+    """Split rows through ``softmax_staged`` (chunks held in shared memory) where the device, the
+    alignment and the row length allow it; False where they do not (the caller takes another path).
+
+    Forward ``("fwd", x, x, y, lse)``; backward ``("bwd", y, dy, dx)``.
+    """
+    from . import softmax_staged as S  # that module imports this one: resolved at call time
+    key = (direction, max(a.element_size(), b.element_size()))
+    return (a.shape[1] >= S.STAGED_MIN_N[key] and S.available(a, b)
+            and S.launch(direction, a, b, out, out if lse is None else lse))
+
+
 def _empty_rows(x, m):
     return torch.full((m,), NEG_INF, dtype=torch.float32, device=x.device)
 
@@ -545,7 +557,9 @@ def softmax_fwd(x: torch.Tensor):
     if m == 0 or n == 0:
         return y, _empty_rows(x, m)
     lse = torch.empty(m, dtype=torch.float32, device=x.device)
-    if n <= ROWS_MAX_N[x.element_size()]:
+    if staged_split("fwd", x, x, y, lse):
+        pass
+    elif n <= ROWS_MAX_N[x.element_size()]:
         _rows(x, y, lse, lse, lse, store_y=True)
     elif use_persistent(x, n * x.element_size(), PERSISTENT_MAX_ROW_BYTES, x.element_size()):
         _persistent(x, y, lse)

@@ -1,0 +1,118 @@
+"""Probe: the staged (shared-memory) split-row softmax kernel against the current default, side by side.
+
+Run on a GPU:  python3 benchmarks/probes/softmax_staged.py [--sizes 65536,1048576] [--dtypes fp32,bf16]
+
+For each (N, M = 2^28 / N, dtype, direction) it checks every staged configuration against float64
+(max error, and the fraction of the grid that works) and prints % of a device-to-device copy
+measured in the same run: forward 2 * bytes(x) / t, backward 3 * bytes(x) / t.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+
+from ringsoftmax.kernels import softmax_bwd as B
+from ringsoftmax.kernels import softmax_fwd as F
+from ringsoftmax.kernels import softmax_staged as S
+
+CONFIGS = {  # (chunk, warps, stages, ahead, lag)
+    ("fwd", 4): [(8192, 4, 3, 1, 1), (8192, 8, 3, 1, 1), (4096, 4, 3, 1, 1), (4096, 4, 4, 2, 1)],
+    ("fwd", 2): [(8192, 4, 3, 1, 1), (16384, 8, 3, 1, 1), (8192, 8, 3, 1, 1), (8192, 4, 4, 2, 1)],
+    ("bwd", 4): [(4096, 4, 3, 1, 1), (4096, 8, 3, 1, 1), (2048, 4, 3, 1, 1)],
+    ("bwd", 2): [(8192, 4, 3, 1, 1), (4096, 4, 3, 1, 1)],
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
+
+
+def copy_gbs() -> float:
+    a = torch.empty(1 << 29, device="cuda").normal_()
+    b = torch.empty_like(a)
+    t = bench(lambda: b.copy_(a))
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * 4 * (1 << 29) / t / 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="32768,65536,262144,1048576,2097152")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--total", type=int, default=1 << 28)
+    ap.add_argument("--dirs", default="fwd,bwd")
+    args = ap.parse_args()
+    F.SPIN_MAX = 1 << 16  # a grid that is not resident gives up fast instead of stalling the run
+    copy = copy_gbs()
+    print(f"copy {copy:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    print("dir | dtype | N | M | variant | grid use | GB/s | % copy | max err | sync fails")
+    for dname in args.dtypes.split(","):
+        dtype = DTYPES[dname]
+        elem = torch.finfo(dtype).bits // 8
+        for n in map(int, args.sizes.split(",")):
+            m = max(1, args.total // n)
+            x = torch.randn(m, n, device="cuda", dtype=torch.float32).mul_(3)
+            x[0, ::7] = float("-inf")
+            if m > 2:
+                x[1] = float("-inf")
+            x = x.to(dtype)
+            for direction in args.dirs.split(","):
+                if direction == "fwd":
+                    ref = torch.softmax(x.double(), -1).nan_to_num_(0.0)
+                    nbytes = 2 * x.numel() * elem
+                    default = lambda: F.softmax_fwd(x)[0]  # noqa: E731
+                    out = torch.empty_like(x)
+                    lse = torch.empty(m, device="cuda")
+                    run = lambda cfg: S.launch("fwd", x, x, out, lse, cfg)  # noqa: E731
+                else:
+                    y = torch.softmax(x.float(), -1).nan_to_num_(0.0).to(dtype)
+                    dy = torch.randn_like(y)
+                    yd, dyd = y.double(), dy.double()
+                    ref = yd * (dyd - (yd * dyd).sum(-1, keepdim=True))
+                    del yd, dyd
+                    nbytes = 3 * x.numel() * elem
+                    default = lambda: B.softmax_bwd(y, dy)  # noqa: E731
+                    out = torch.empty_like(y)
+                    run = lambda cfg: S.launch("bwd", y, dy, out, out, cfg)  # noqa: E731
+                scale = ref.abs().max().item()
+                for name, staged in (("default", True), ("no staged", False)):
+                    S.STAGED = staged
+                    t = bench(default)
+                    err = (default().double() - ref).abs().max().item() / scale
+                    print(f"{direction} | {dname} | {n} | {m} | {name} | - | {nbytes / t / 1e6:.0f} | "
+                          f"{100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | -", flush=True)
+                S.STAGED = True
+                for cfg in CONFIGS[(direction, elem)]:
+                    before = F.sync_failures("cuda")
+                    out.fill_(float("nan"))
+                    try:
+                        if not run(cfg):
+                            print(f"{direction} | {dname} | {n} | {m} | {cfg} | row too long | - | - | - | -")
+                            continue
+                    except Exception as e:  # noqa: BLE001 - a config that fails to compile is reported
+                        print(f"{direction} | {dname} | {n} | {m} | {cfg} | error {type(e).__name__}: {str(e)[-400:]}")
+                        continue
+                    torch.cuda.synchronize()
+                    err = (out.double() - ref).abs().max().item() / scale
+                    fails = F.sync_failures("cuda") - before
+                    key = [k for k in F._OCCUPANCY if k[0][0] == "softmax_staged"]
+                    t = bench(lambda: run(cfg))
+                    q = triton.cdiv(n, cfg[0])
+                    programs = max(F._OCCUPANCY[k] for k in key if dict(k[2]).get("CHUNK") == cfg[0]
+                                   and dict(k[2]).get("STAGES") == cfg[2] and k[3] == cfg[1]
+                                   and dict(k[2]).get("BWD") == (direction == "bwd"))
+                    use = min(programs // q, m) * q / programs
+                    print(f"{direction} | {dname} | {n} | {m} | {cfg} | {use:.2f} of {programs} | "
+                          f"{nbytes / t / 1e6:.0f} | {100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | {fails}",
+                          flush=True)
+                del ref, out
+                torch.cuda.empty_cache()
+    print("sync failures in total:", F.sync_failures("cuda"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""Split softmax rows with every chunk held in shared memory across the row's wait (Gluon, CUDA).
+
+One kernel, two directions (``BWD`` constexpr):
+
+- forward: x (M, N) -> y = softmax(x) and lse; a program's statistic of its chunk is (max, sum of
+  exp(x - max)), merged with the LSE rule;
+- backward: y, dy (M, N) -> dx = y * (dy - delta), delta = sum(y * dy); the statistic is a partial
+  dot product, merged by a sum.
+
+A split row must see its whole-row statistic before any output: Q programs share a row, each
+reduces its chunk and publishes the partial as one 64-bit word (two float32 halves; the words start
+as PENDING_WORD, so a reader knows which have arrived without a counter, an atomic or a release
+fence, which would wait for the program's earlier stores). Where the Triton persistent kernel
+(``softmax_fwd.py``) re-reads the chunk from L2 once the row's partials are in, this one keeps it on
+chip: chunks arrive by ``cp.async`` into a ring of ``STAGES`` shared-memory
+slots, ``AHEAD`` rows ahead of the reduction, and a row is written ``LAG`` rows after its own
+reduction, when the other programs' partials have long arrived. HBM traffic is the floor (one read
+of each input, one write) and no register holds a chunk across the wait; the wait itself is off the
+critical path unless a program falls more than ``LAG`` rows behind.
+
+Grid: ``G * Q`` programs (Q per row, G rows in flight; program (slot, q) takes rows slot, slot + G,
+...). Every program must be resident at once (the waits assume it): the launcher sizes the grid from
+the compiled kernel's occupancy. A wait that gives up after ``spin_max`` polls counts itself in
+``ERR`` and recomputes the row's statistic from global memory, so the result stays right.
+
+The kernel is Gluon (``triton.experimental.gluon``), which has no interpreter: on CPU the split rows
+take the two-pass Triton path instead (see ``softmax_fwd.py``); the GPU tests run this one.
+
+Layouts: inputs (M, N) with unit column stride and any row stride, float32 / float16 / bfloat16;
+outputs contiguous in the input dtype (dy.dtype backward); lse (M,) float32; math in float32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import softmax_fwd as F
+
+try:  # Gluon ships with triton >= 3.5; without it the Triton split paths run
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    # the cp.async builtin's name: async_copy_global_to_shared in triton 3.6, async_load from 3.7 on
+    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    # the CTA barrier: thread_barrier in triton 3.6, barrier from 3.7 on
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+except ImportError:  # pragma: no cover - older triton
+    gluon = None
+
+#: Configurations, by direction and element size (the larger of y and dy backward):
+#: (chunk elements per program, num_warps, shared-memory slots, rows loaded ahead, rows of lag).
+#: Slots must cover the rows in use at once: AHEAD + LAG + 1 <= STAGES. Chosen on an H200 from
+#: benchmarks/probes/softmax_staged.py (.notes/softmax.md, session 5): 3 slots (2 programs per
+#: multiprocessor at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points.
+STAGED_CONFIG = {
+    ("fwd", 4): (8192, 4, 3, 1, 1),
+    ("fwd", 2): (8192, 4, 3, 1, 1),
+    ("bwd", 4): (4096, 4, 3, 1, 1),
+    ("bwd", 2): (8192, 4, 3, 1, 1),
+}
+#: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
+#: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
+#: bf16 92% at 16K against 82%, backward 96-100% at 32K against 94-96%.
+STAGED_MIN_N = {("fwd", 4): 32769, ("fwd", 2): 16385, ("bwd", 4): 32769, ("bwd", 2): 32769}
+#: Use the staged kernel for split rows on CUDA (False: the Triton persistent / two-pass paths).
+STAGED = True
+#: Most programs one row can have (the partial words of a row are read as one block of this size).
+MAX_PROGRAMS_PER_ROW = 512
+#: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
+#: (forward: a sum of exponentials, >= 0 or NaN; backward: the flag 1.0).
+PENDING_WORD = 0xBF800000
+
+
+if gluon is not None:
+    PENDING_LO = gl.constexpr(PENDING_WORD - (1 << 32))  # the low half as an int32
+    IDENTITY_FWD = gl.constexpr(-(1 << 55))  # the word of (max, sum) = (-inf, 0): bits 0xFF800000 << 32
+    LOG2E = gl.constexpr(1.4426950408889634)
+
+    @gluon.jit
+    def _issue(A, B, buf_a, buf_b, row, start, stride_a, stride_b, offs, ok,
+               BWD: gl.constexpr, EVICT: gl.constexpr):
+        """Start the cp.async copies of this program's chunk of ``row`` into one ring slot."""
+        row64 = row.to(gl.int64)
+        _cp_async(buf_a, A + row64 * stride_a + start + offs, mask=ok, eviction_policy=EVICT)
+        if BWD:
+            _cp_async(buf_b, B + row64 * stride_b + start + offs, mask=ok, eviction_policy=EVICT)
+
+    @gluon.jit
+    def _pack(stat, aux):
+        """One 64-bit word from two float32 scalars (stat in the high half): stored in one piece, so a
+        reader sees all of a partial or none of it."""
+        hi = stat.to(gl.int32, bitcast=True).to(gl.int64)
+        lo = aux.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF
+        return (hi << 32) | lo
+
+    @gluon.jit
+    def _row_words(P, Q, BWD: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr):
+        """The Q partial words of a row (Q <= PBLK), read past L1; padding is the merge's identity."""
+        idx = gl.arange(0, PBLK, layout)
+        return gl.load(P + idx, mask=idx < Q, other=0 if BWD else IDENTITY_FWD, volatile=True)
+
+    @gluon.jit
+    def _row_stat(P, w, Q, spin_max, ERR, BWD: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr):
+        """(all in, stat, sum) of a row from its partial words ``w``, re-read until none is PENDING.
+
+        A word still PENDING after ``spin_max`` re-reads counts in ``ERR``; the caller then computes the
+        row's statistic from the inputs (``spin_max < 0``: always, which tests use)."""
+        spins = 0
+        while (gl.max((w.to(gl.int32) == PENDING_LO).to(gl.int32), axis=0) != 0) & (spins < spin_max):
+            w = _row_words(P, Q, BWD, PBLK, layout)
+            spins += 1
+        done = (gl.max((w.to(gl.int32) == PENDING_LO).to(gl.int32), axis=0) == 0) & (spin_max >= 0)
+        gl.atomic_add(ERR, 1, mask=done == 0, sem="relaxed")
+        hi = (w >> 32).to(gl.int32).to(gl.float32, bitcast=True)
+        lo = w.to(gl.int32).to(gl.float32, bitcast=True)
+        if BWD:
+            return done, gl.sum(hi, axis=0), 0.0
+        else:
+            m = gl.max(hi, axis=0)
+            shift = gl.where(m == float("-inf"), 0.0, m)
+            return done, m, gl.sum(lo * gl.exp(hi - shift), axis=0)
+
+    @gluon.jit
+    def _exp2_ftz(x):
+        """2^x of a float32 block as one MUFU op (ex2.approx.ftz): results below 2^-126 flush to 0.
+
+        Plain ex2.approx.f32 costs three more instructions per element for subnormal results; the
+        bf16 forward (two exponentials per element) went from 64-70% to 81-84% of copy without them."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
+    def _chunk_stat(a, b, BWD: gl.constexpr):
+        """(stat, aux) of one float32 chunk: forward (max, sum of exp(a - max)); backward (dot, 1).
+
+        Elements past the row's end must read -inf forward and 0 backward."""
+        if BWD:
+            return gl.sum(a * b, axis=0), gl.to_tensor(1.0)
+        else:
+            m = gl.max(a, axis=0)
+            shift = gl.where(m == float("-inf"), 0.0, m)
+            return m, gl.sum(_exp2_ftz((a - shift) * LOG2E), axis=0)
+
+    @gluon.jit
+    def _merge_pair(m, s, cm, cs, BWD: gl.constexpr):
+        """Fold one partial (cm, cs) into a running (m, s): backward a sum, forward the LSE rule."""
+        if BWD:
+            return m + cm, s
+        else:
+            m_new = gl.maximum(m, cm)
+            shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            return m_new, s * gl.exp(m - shift) + cs * gl.exp(cm - shift)
+
+    @gluon.jit
+    def _row_from_global(A, B, row, N, stride_a, stride_b, Q,
+                         BWD: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
+        """The row's statistic read from the inputs themselves: the fallback after a wait gives up."""
+        if BWD:
+            m = 0.0
+        else:
+            m = float("-inf")
+        s = 0.0
+        offs = gl.arange(0, CHUNK, layout)
+        row64 = row.to(gl.int64)
+        for c in range(0, Q):
+            start = c.to(gl.int64) * CHUNK
+            ok = offs < (N - start).to(gl.int32)
+            a = gl.load(A + row64 * stride_a + start + offs, mask=ok, other=0.0 if BWD else float("-inf"))
+            a = a.to(gl.float32)
+            b = a
+            if BWD:
+                b = gl.load(B + row64 * stride_b + start + offs, mask=ok, other=0.0).to(gl.float32)
+            cm, cs = _chunk_stat(a, b, BWD)
+            m, s = _merge_pair(m, s, cm, cs, BWD)
+        return m, s
+
+    @gluon.jit(do_not_specialize=["M", "Q", "G", "spin_max"])
+    def _staged_kernel(A, B, OUT, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, G, spin_max,
+                       BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+                       LAG: gl.constexpr, PBLK: gl.constexpr, LOAD_EVICT: gl.constexpr,
+                       STORE_EVICT: gl.constexpr):
+        """Program (slot, q) of a G x Q grid: chunk q of rows slot, slot + G, ... (see the module doc).
+
+        A (M, N) is x forward / y backward, B is dy backward (A again forward); OUT (M, N) contiguous;
+        LSE (M,) float32 (forward only); P (M, Q) int64 partial words, all PENDING_WORD; Q <= PBLK.
+        """
+        VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
+        playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        ring_a = gl.allocate_shared_memory(A.dtype.element_ty, [STAGES, CHUNK], shared)
+        if BWD:
+            ring_b = gl.allocate_shared_memory(B.dtype.element_ty, [STAGES, CHUNK], shared)
+        else:
+            ring_b = ring_a
+
+        pid = gl.program_id(0)
+        slot = pid // Q
+        q = pid - slot * Q
+        start = q.to(gl.int64) * CHUNK
+        offs = gl.arange(0, CHUNK, layout)
+        ok = offs < (N - start).to(gl.int32)
+        rows = (M - slot + G - 1) // G  # rows of this program: slot + t * G for t < rows
+
+        # prologue: the first AHEAD rows' chunks start arriving
+        for i in gl.static_range(AHEAD):
+            if i < rows:
+                _issue(A, B, ring_a.index(i), ring_b.index(i), slot + i * G, start, stride_a, stride_b,
+                       offs, ok, BWD, LOAD_EVICT)
+            async_copy.commit_group()
+
+        for t in range(0, rows + LAG):
+            # every thread is done with the slot refilled below (its row was written LAG rows ago)
+            _cta_barrier()
+            ahead = t + AHEAD
+            if ahead < rows:
+                _issue(A, B, ring_a.index(ahead % STAGES), ring_b.index(ahead % STAGES), slot + ahead * G, start,
+                       stride_a, stride_b, offs, ok, BWD, LOAD_EVICT)
+            async_copy.commit_group()  # one group per step, empty or not, so the count below holds
+
+            # the partial words of row t - LAG start arriving; they are used after this row's reduction
+            done_row = slot + (t - LAG) * G
+            words = gl.zeros([PBLK], gl.int64, playout)
+            if t >= LAG:
+                words = _row_words(P + done_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+
+            # reduce row t's chunk as soon as it is in and publish the partial (no wait, no fence)
+            if t < rows:
+                async_copy.wait_group(AHEAD)
+                _cta_barrier()
+                row = slot + t * G
+                if not BWD:
+                    if start + CHUNK > N:
+                        # the row's last chunk: its tail was copied as zeros; the forward needs -inf
+                        tail = ring_a.index(t % STAGES)
+                        tail.store(gl.where(ok, tail.load(layout), float("-inf")))
+                a = ring_a.index(t % STAGES).load(layout).to(gl.float32)
+                b = a
+                if BWD:
+                    b = ring_b.index(t % STAGES).load(layout).to(gl.float32)
+                cm, cs = _chunk_stat(a, b, BWD)
+                gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
+
+            # write row t - LAG from its slot, with the row statistic merged from every program's partial
+            if t >= LAG:
+                done, m, s = _row_stat(P + done_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
+                                       playout)
+                if not done:
+                    m, s = _row_from_global(A, B, done_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+                a = ring_a.index((t - LAG) % STAGES).load(layout).to(gl.float32)
+                if BWD:
+                    b = ring_b.index((t - LAG) % STAGES).load(layout).to(gl.float32)
+                    out = a * (b - m)
+                else:
+                    shift = gl.where(m == float("-inf"), 0.0, m)
+                    gl.store(LSE + done_row, m + gl.log(s), mask=q == 0)
+                    if OUT.dtype.element_ty == gl.float32:
+                        # y = 2^((a - max) log2 e) / sum: each factor rounded once
+                        out = _exp2_ftz((a - shift) * LOG2E) * gl.where(s > 0, 1.0 / s, 0.0)
+                    else:
+                        # 16-bit y: -log2(sum) folded into the exponent (one FMA; its rounding,
+                        # ~1e-6 relative, is far below the output's)
+                        out = _exp2_ftz((a - shift) * LOG2E + gl.where(s > 0, -gl.log2(s), float("-inf")))
+                optrs = OUT + done_row.to(gl.int64) * stride_o + start + offs
+                gl.store(optrs, out.to(OUT.dtype.element_ty), mask=ok, eviction_policy=STORE_EVICT)
+        async_copy.wait_group(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers (host side)
+# ----------------------------------------------------------------------------------------------
+def available(*tensors: torch.Tensor) -> bool:
+    """Whether split rows of these (M, N) tensors can take the staged kernel: CUDA sm_80+, Gluon,
+    and for 16-bit tensors, rows and pointers 16-byte aligned (cp.async copies 4, 8 or 16 bytes)."""
+    t = tensors[0]
+    if not (STAGED and gluon is not None and t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 8):
+        return False
+    return all(u.element_size() >= 4 or (u.data_ptr() % 16 == 0 and u.shape[1] % 16 == 0
+                                          and (u.shape[0] == 1 or u.stride(0) % 16 == 0))
+               for u in tensors)
+
+
+def launch(direction: str, a, b, out, lse, config=None) -> bool:
+    """Run the staged kernel on (M, N) rows if one row's chunks fit the resident grid; else False.
+
+    Forward (``direction="fwd"``): a = b = x, out = y (M, N) in x.dtype, lse (M,) float32.
+    Backward (``"bwd"``): a = y, b = dy, out = dx (M, N) in dy.dtype; lse is not written.
+    Inputs float32 / float16 / bfloat16 with unit column stride (see ``available``).
+
+    ``config``: (chunk, num_warps, stages, ahead, lag), default ``STAGED_CONFIG[(direction, elem)]``.
+    """
+    m, n = a.shape
+    elem = max(a.element_size(), b.element_size())
+    chunk, warps, stages, ahead, lag = config or STAGED_CONFIG[(direction, elem)]
+    if ahead + lag + 1 > stages or ahead < 1:
+        raise ValueError(f"staged softmax config {config}: needs 1 <= AHEAD and AHEAD + LAG + 1 <= STAGES")
+    bwd = direction == "bwd"
+    q = triton.cdiv(n, chunk)
+    if q > MAX_PROGRAMS_PER_ROW:
+        return False
+    err = F.error_counter(a.device)
+    consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag, PBLK=MAX_PROGRAMS_PER_ROW,
+                  LOAD_EVICT="evict_first", STORE_EVICT=F.PERSISTENT_EVICT[1])
+    # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
+    # size depends on the grid; the kernel does not specialize on M, Q, G)
+    stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
+    args = [a, b, out, lse, stand_in, err, m, n, a.stride(0), b.stride(0), out.stride(0), 2, 2, F.SPIN_MAX]
+    programs = F.resident_programs(_staged_kernel, args, consts, warps,
+                                   ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
+    if q > programs:
+        return False
+    g = min(programs // q, m)
+    args[4] = torch.full((m, q), PENDING_WORD, dtype=torch.int64, device=a.device)
+    args[11:13] = [q, g]
+    _staged_kernel[(g * q,)](*args, **consts, num_warps=warps)
+    return True
