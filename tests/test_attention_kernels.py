@@ -104,8 +104,12 @@ MODES = {
     "atomic+split": dict(_PLAIN, dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
     "tma": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
     "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_resume_min_keys=0,
-                   bwd_warp_spec=True),
+                   dq_warp_spec=True, dkdv_warp_spec=False),
 }
+# The warp-specialized dK/dV kernel is off by default (triton 3.6's pipelines race in it on the GPU,
+# see attention_config._SM90_BWD_WARP_SPEC; test_gpu_ring_pairs_repeatable runs the default table);
+# its code is still checked in the interpreter, where nothing runs concurrently.
+MODES["tma+ws+dkdv"] = dict(MODES["tma+ws"], dkdv_warp_spec=True)
 
 
 def kernel_paths(monkeypatch):
@@ -310,11 +314,11 @@ def test_cpu_backward_warp_spec(monkeypatch, case):
     """Each backward kernel runs warp-specialized alone, whole tiles or ragged (rows past the end
     read 0); lse rows off 16-byte alignment run the plain kernels."""
     seen = kernel_paths(monkeypatch)
-    run_and_check(2, 32, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
-    run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
+    run_and_check(2, 32, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws+dkdv")
+    run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws+dkdv")
     assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws", "ws"], ["ws", "ws"])
     seen.clear()
-    run_and_check(1, 37, 48, 4, 4, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
+    run_and_check(1, 37, 48, 4, 4, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws+dkdv")
     assert (of(seen, "dkdv"), of(seen, "dq")) == (["plain"], ["plain"])
 
 
@@ -324,8 +328,14 @@ def test_cpu_backward_warp_spec_masks(monkeypatch, dtype, causal, q_pos, k_pos):
     """Every ring-step mask through the warp-specialized backward (every tile masked by relative
     positions), GQA, rows that see no key, ragged tiles."""
     seen = kernel_paths(monkeypatch)
-    run_and_check(2, 36, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos, mode="tma+ws")
+    run_and_check(2, 36, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos, mode="tma+ws+dkdv")
     assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws"], ["ws"])
+
+
+def test_default_backward_keeps_dkdv_plain():
+    """The warp-specialized dK/dV kernel raced on an H200 even at 2 stages: no head dim turns it on."""
+    assert not attention_config._SM90_BWD_WARP_SPEC["dkdv"]
+    assert attention_config._SM90_BWD_WARP_SPEC["dq"]
 
 
 def test_warp_specialized_tiles_keep_two_stages():
@@ -398,7 +408,7 @@ def test_gpu_masks(dtype, D, H, Hkv, mode):
 def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
     """Every ring-step mask through the warp-specialized kernels (Hopper). Forward: alone where
     every key is visible in whole tiles, else followed by the launch for the masked keys; backward:
-    one launch per kernel."""
+    the dQ kernel warp-specialized, the dK/dV kernel plain (its warp-specialized form races)."""
     seen = kernel_paths(monkeypatch)
     dev = torch.device("cuda")
     for Sq, Sk in ((1000, 256), (128, 517)):
@@ -410,15 +420,14 @@ def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
         runs = 2 * (3 + len(gpu_masks(1, 1)))
         fwd = of(seen, "fwd")
         assert "plain" not in fwd and fwd.count("ws") == runs and fwd.count("rest") > 0
-        for kernel in ("dkdv", "dq"):
-            assert of(seen, kernel) == ["ws"] * runs, kernel
+        assert of(seen, "dq") == ["ws"] * runs and of(seen, "dkdv") == ["plain"] * runs
 
 
 @gpu
 @needs_cuda
 def test_gpu_warp_spec_repeatable():
-    """The warp-specialized kernels have no atomics: repeated runs give the same bits. (3 pipeline
-    stages in the dK/dV kernel raced at these shapes: NaN or other values in ~2.5% of runs.)"""
+    """The warp-specialized kernels in use have no atomics: repeated runs give the same bits. (3
+    pipeline stages in the dK/dV kernel raced at these shapes: NaN or other values in ~2.5% of runs.)"""
     dev = torch.device("cuda")
     for Sq, Sk, (causal, q_pos, k_pos) in ((1000, 256, all_visible(256, 2)), (4096, 4096, gpu_masks(4096, 4096)[6]),
                                            (1000, 256, gpu_masks(1000, 256)[5])):
@@ -437,6 +446,30 @@ def test_gpu_warp_spec_repeatable():
                 again = attention_fwd(q, k, v, **kw) + attention_bwd(q, k, v, first[0], dout, first[1], delta, **kw)
                 for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), first + grads, again):
                     assert torch.equal(a, b), f"{name} changed between runs ({Sq}x{Sk}, q {q_pos}, k {k_pos})"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_ring_pairs_repeatable(D):
+    """The default kernels on the block pairs of a zigzag ring (16K tokens, 2 ranks: 4K segments,
+    GQA 16/8), gradients added into float32 buffers as the ring does, 20 times: finite and the same
+    bits every time. (The warp-specialized dK/dV kernel gave NaN here in 2 of 2 ring replays.)"""
+    dev, n = torch.device("cuda"), 4096
+    q = rand(1, n, 16, D, dtype=torch.bfloat16, device=dev)
+    k, v = (rand(1, n, 8, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
+    dout = rand(1, n, 16, D, dtype=torch.bfloat16, device=dev)
+    for q_off, k_off in ((n, 0), (0, 0), (3 * n, 2 * n)):   # all visible, diagonal, diagonal later
+        kw = dict(softmax_scale=D ** -0.5, causal=True, q_offset=q_off, k_offset=k_off)
+        out, lse = attention_fwd(q, k, v, **kw)
+        delta = attention_delta(out, dout)
+        first = None
+        for _ in range(20):
+            grads = [torch.ones(t.shape, dtype=torch.float32, device=dev) for t in (q, k, v)]
+            attention_bwd(q, k, v, out, dout, lse, delta, dq=grads[0], dk=grads[1], dv=grads[2], **kw)
+            assert all(torch.isfinite(g).all() for g in grads), f"non-finite gradient (q at {q_off}, k at {k_off})"
+            first = first or grads
+            assert all(torch.equal(a, b) for a, b in zip(first, grads)), f"gradients changed (q {q_off}, k {k_off})"
 
 
 @gpu

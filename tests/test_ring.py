@@ -101,7 +101,8 @@ def test_ring_against_unsharded(world):
 
 
 def _gpu_cases(rank, world):
-    _ring_softmax_cases(rank, world, dtypes=((torch.float32, 1e-5), (torch.bfloat16, 1e-2)), lengths=(3000, 0, 70001))
+    _ring_softmax_cases(rank, world, dtypes=((torch.float32, 1e-5), (torch.bfloat16, 1e-2)),
+                        lengths=(3000, 0, 70001, 65552))
     for layout in LAYOUTS:
         for causal in (False, True):
             for heads, kv_heads in ((8, 2), (4, 4)):
@@ -110,7 +111,8 @@ def _gpu_cases(rank, world):
 
 
 @pytest.mark.gpu
-def test_ring_with_nccl_on_two_gpus():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    run_world(2, _gpu_cases, backend="nccl")
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_with_nccl(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    run_world(world, _gpu_cases, backend="nccl")

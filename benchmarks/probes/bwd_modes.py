@@ -21,10 +21,9 @@ from ringsoftmax.kernels.attention_fwd import attention_fwd
 T = config.Tile
 MODES = {
     "plain": dict(bwd_warp_spec=False),
-    "ws": dict(bwd_warp_spec=True),
-    "ws kv 2st": dict(bwd_warp_spec=True, dkdv_ws=T(64, 128, 4, 2)),
-    "ws kv 3st": dict(bwd_warp_spec=True, dkdv_ws=T(64, 128, 4, 3)),
-    "ws q 3st": dict(bwd_warp_spec=True, dq_ws=T(128, 64, 4, 3)),
+    "default": {},
+    "ws (kv races)": dict(bwd_warp_spec=True),
+    "ws kv 1st": dict(bwd_warp_spec=True, dkdv_ws=T(64, 128, 4, 1)),
 }
 
 

@@ -13,10 +13,11 @@ passes ``delta - dlse``), then ``dS = P * (dP - delta)``. Two kernels:
   recomputing QK^T and dO V^T (7 matmuls per tile pair in all, no atomics, deterministic).
 
 Both skip tiles no query sees and mask only tiles that straddle the causal boundary (positions as
-in ``attention_fwd``). On Hopper (``attention_config.bwd_warp_spec``) each runs instead with
+in ``attention_fwd``). On Hopper (``attention_config.bwd_warp_spec``) a kernel can run instead with
 WARP_SPEC: every visible tile in one loop that Triton splits into a TMA-load warp and two compute
 groups, loads through tensor descriptors (rows past the end read 0 and add 0), every tile masked
-(a branch in the loop would turn the splitting off). Gradients are float32 and are added into
+(a branch in the loop would turn the splitting off). By default only the dQ kernel does (at head
+dim 128): the warp-specialized dK/dV kernel races in triton 3.6 (NaN in repeated ring replays). Gradients are float32 and are added into
 caller-given buffers, which may be strided views (the ring accumulates dK/dV as they travel).
 """
 from __future__ import annotations
@@ -506,17 +507,18 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
     group = prob.heads // prob.kv_heads
     # the warp-specialized kernels where the table says so and the inputs allow it
     shorter = min(prob.max_q, prob.max_k)
-    warp_spec = (not atomic and config.bwd_warp_spec(q.device, prob.d_pad, q.dtype, causal, shorter)
-                 and warp_spec_ready(prob, q, k, v, dout, lse, delta))
+    ready = not atomic and warp_spec_ready(prob, q, k, v, dout, lse, delta)
+    ws_dkdv, ws_dq = (ready and config.bwd_warp_spec(name, q.device, prob.d_pad, q.dtype, causal, shorter)
+                      for name in ("dkdv", "dq"))
 
-    with descriptor_scratch() if warp_spec else contextlib.nullcontext():
+    with descriptor_scratch() if ws_dkdv or ws_dq else contextlib.nullcontext():
         # dK, dV (and, by atomics, dQ) per key tile
         grid = lambda t: (triton.cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
         args = (q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k, *common, *prob.strides(dk), *prob.strides(dv),
                 *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
         _launch_either(_attn_bwd_dkdv_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_k, DQ_ATOMIC=atomic,
                                                                 SPLIT_TAIL=split_tail),
-                       "dkdv", warp_spec, q.device, prob.d_pad, q.dtype, causal, (atomic, split_tail) + key)
+                       "dkdv", ws_dkdv, q.device, prob.d_pad, q.dtype, causal, (atomic, split_tail) + key)
         if atomic:
             return dq, dk, dv
 
@@ -524,7 +526,7 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
         grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
         args = (q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, *prob.strides(dq),
                 prob.max_q, prob.max_k, prob.heads, group, *scalars)
-        _launch_either(_attn_bwd_dq_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_q), "dq", warp_spec, q.device,
+        _launch_either(_attn_bwd_dq_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_q), "dq", ws_dq, q.device,
                        prob.d_pad, q.dtype, causal, key)
     return dq, dk, dv
 

@@ -106,10 +106,15 @@ _SM90_FWD_WARP_SPEC: set[int] = {128}
 _SM90_FWD_RESUME_MIN_KEYS = 16384
 # Padded head dims for which the Hopper backward runs its warp-specialized kernels (TMA loads, one
 # loop over every visible tile split into a load warp and two compute groups, each tile masked),
-# each with the shortest query/key block (the smaller of the two) that takes them. On an H200
-# (bf16, B*S = 32K, .notes/attention.md call 9): D=128 backward +19-27% at 4K-32K, causal
-# included; D=64 +2-8% at 8K-32K, but -1 to -8% at 4K.
-_SM90_BWD_WARP_SPEC: dict[int, int] = {64: 8192, 128: 0}
+# per kernel, each with the shortest query/key block (the smaller of the two) that takes them.
+# Both kernels warp-specialized gave the backward +19-27% at D=128 and +2-8% at D=64 for blocks
+# >= 8K (H200, bf16, B*S = 32K, .notes/attention.md call 9), but the dK/dV kernel races in
+# triton 3.6's warp-specialized pipelines even at 2 stages: NaN dK/dV in 4 of 8 ring replays
+# (zigzag causal 16K, 2 ranks, GQA 16/8; none plain; benchmarks/probes/ring_world.py, session 5);
+# at 1 stage it is clean but no faster than plain. So dK/dV runs plain. The dQ kernel alone
+# warp-specialized: D=128 backward +5-9% over all-plain (8/8 replays clean and bit-identical);
+# D=64 -6% at 32K, so off there (benchmarks/probes/bwd_modes.py, session 5).
+_SM90_BWD_WARP_SPEC: dict[str, dict[int, int]] = {"dkdv": {}, "dq": {128: 0}}
 
 _OVERRIDE: dict = {}
 
@@ -173,12 +178,16 @@ def fwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, c
     return _sm90_flag("fwd_warp_spec", _SM90_FWD_WARP_SPEC, device, head_dim_pad, dtype)
 
 
-def bwd_warp_spec(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool, seqlen: int) -> bool:
-    """Whether the backward runs warp-specialized (with TMA loads), ``seqlen`` being the smaller of
-    the block pair's query and key lengths."""
-    if "bwd_warp_spec" not in _OVERRIDE and seqlen < _SM90_BWD_WARP_SPEC.get(head_dim_pad, 0):
-        return False
-    return _sm90_flag("bwd_warp_spec", _SM90_BWD_WARP_SPEC, device, head_dim_pad, dtype)
+def bwd_warp_spec(kernel: str, device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool,
+                  seqlen: int) -> bool:
+    """Whether backward ``kernel`` ("dkdv" or "dq") runs warp-specialized (with TMA loads), ``seqlen``
+    being the smaller of the block pair's query and key lengths. Override: ``bwd_warp_spec`` (both
+    kernels), ``dkdv_warp_spec`` or ``dq_warp_spec``."""
+    for name in (kernel + "_warp_spec", "bwd_warp_spec"):
+        if name in _OVERRIDE:
+            return _sm90_flag(name, (), device, head_dim_pad, dtype)
+    min_len = _SM90_BWD_WARP_SPEC[kernel].get(head_dim_pad)
+    return min_len is not None and seqlen >= min_len and _sm90_flag("", {head_dim_pad}, device, head_dim_pad, dtype)
 
 
 def fwd_resume_min_keys(device: torch.device) -> int:
@@ -192,9 +201,11 @@ def fwd_resume_min_keys(device: torch.device) -> int:
 def override(**tiles):
     """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``, ``dkdv_ws=``, ``dq_ws=``: Tile) or
     modes (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``, ``bwd_warp_spec=``: bool;
-    ``fwd_resume_min_keys=``: int) instead of the table, e.g. to tune or to test every mode."""
+    ``fwd_resume_min_keys=``: int; ``dkdv_warp_spec=``, ``dq_warp_spec=``: bool, each backward kernel
+    alone) instead of the table, e.g. to tune or to test every mode."""
     unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws", "dq_ws", "dq_atomic", "dkdv_split_tail",
-                            "fwd_tma", "fwd_warp_spec", "fwd_resume_min_keys", "bwd_warp_spec"}
+                            "fwd_tma", "fwd_warp_spec", "fwd_resume_min_keys", "bwd_warp_spec", "dkdv_warp_spec",
+                            "dq_warp_spec"}
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}")
     saved = dict(_OVERRIDE)
