@@ -41,8 +41,6 @@ ROWS_MAX_N = {4: 32768, 2: 65536}
 #: Elements per program in the rows kernel (one row if longer). Small programs (4 warps) win at
 #: small N: 99% of copy at N = 1K fp32 (1 row), 96% bf16 (4 rows); 16-warp programs lose.
 ROWS_TILE = {4: 1024, 2: 4096}
-#: The rows kernel's exponentials as ex2.approx.ftz on CUDA (see ``exp_fast``).
-ROWS_FTZ = True
 #: Elements per thread that set ``num_warps`` for a tile (tile / (32 * this), clamped to 1..16).
 ELEMS_PER_THREAD = {4: 8, 2: 32}
 #: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
@@ -129,18 +127,6 @@ def chunk_ptrs(X, row, start, N, stride, offs):
 
 
 @triton.jit
-def exp_fast(x, FTZ: tl.constexpr):
-    """exp(x) of a float32 block; FTZ (CUDA only; the interpreter has no inline PTX) takes one MUFU
-    instruction (ex2.approx.ftz) instead of ex2.approx.f32's four, flushing results under 1.2e-38
-    to 0 (the staged kernel's bf16 forward went from 64-70% to 81-84% of copy with it)."""
-    if FTZ:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        return tl.exp(x)
-
-
-@triton.jit
 def _fold_chunk(xc, m_run, s_run):
     """Fold a float32 chunk (padding -inf) into a running (max, sum of exp(x - max))."""
     m_new = tl.maximum(m_run, tl.max(xc, axis=0))
@@ -188,8 +174,7 @@ def _merge_partials(PM, PS, Q, PB: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr,
-                         FTZ: tl.constexpr = False):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr):
     """BLOCK_M whole rows per program, held in registers: one read of x, one write of y.
 
     With STORE_Y, writes y and lse; without, only the row statistics (max -> MX, sum of
@@ -205,7 +190,7 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
     # row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
     m = tl.max(x, axis=1)
     shift = tl.where(m == float("-inf"), 0.0, m)
-    e = exp_fast(x - shift[:, None], FTZ)
+    e = tl.exp(x - shift[:, None])
     s = tl.sum(e, axis=1)
     if not STORE_Y:
         tl.store(MX + rows, m, mask=row_ok)
@@ -486,7 +471,7 @@ def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
     block_m, block_n, _, warps = tile_config(m, n, x.element_size())
     _softmax_rows_kernel[(triton.cdiv(m, block_m),)](
         x, y if store_y else x, lse, mx, sx, m, n, x.stride(0), y.stride(0) if store_y else 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y, FTZ=ROWS_FTZ and x.is_cuda, num_warps=warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y, num_warps=warps)
 
 
 def _two_pass_stats(x):
