@@ -1,4 +1,5 @@
-"""Triton kernels only: one concern per file, each with its @triton.jit kernels and a small launcher.
+"""Triton kernels only (one in Gluon, Triton's explicit-layout dialect): one concern per file, each
+with its kernels and a small launcher.
 
 Nothing here imports from the layers above (softmax.py, attention.py, ring.py). Every launcher takes
 and returns plain tensors and follows the (out, lse) contract of DESIGN.md:
@@ -13,6 +14,8 @@ Files and launchers:
 - ``softmax_fwd.py``: ``softmax_fwd(x) -> (y, lse)``, ``row_stats(x) -> (max, sum)``,
   ``normalize(x, max, sum) -> y`` for ``x`` of shape (M, N), last stride 1.
 - ``softmax_bwd.py``: ``row_dot(y, dy) -> delta`` and ``softmax_bwd(y, dy, delta=None) -> dx``.
+- ``softmax_staged.py``: split rows of both directions with chunks held in shared memory (a Gluon
+  kernel, CUDA only; ``softmax_fwd`` / ``softmax_bwd`` call it through ``staged_split``).
 - ``attention_fwd.py``: ``attention_fwd(q, k, v, ...) -> (out, lse)`` for one (query block, key
   block) pair with causal masking by global positions.
 - ``attention_bwd.py``: ``attention_bwd(q, k, v, out, dout, lse, delta, ...) -> (dq, dk, dv)``.

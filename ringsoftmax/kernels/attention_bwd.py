@@ -17,8 +17,9 @@ in ``attention_fwd``). On Hopper (``attention_config.bwd_warp_spec``) a kernel c
 WARP_SPEC: every visible tile in one loop that Triton splits into a TMA-load warp and two compute
 groups, loads through tensor descriptors (rows past the end read 0 and add 0), every tile masked
 (a branch in the loop would turn the splitting off). By default only the dQ kernel does (at head
-dim 128): the warp-specialized dK/dV kernel races in triton 3.6 (NaN in repeated ring replays). Gradients are float32 and are added into
-caller-given buffers, which may be strided views (the ring accumulates dK/dV as they travel).
+dim 128): the warp-specialized dK/dV kernel races in triton 3.6 (NaN in repeated ring replays).
+Gradients are float32 and are added into caller-given buffers, which may be strided views (the
+ring accumulates dK/dV as they travel).
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ one write (dx). The regimes and knobs are those of ``softmax_fwd.py`` (its ``ROW
 
 - delta given: one elementwise pass (the floor).
 - rows (``N <= BWD_ROWS_MAX_N``): whole rows of y and dy in registers, delta and dx in one pass.
+- staged split (CUDA, ``softmax_staged.py``, tried first for rows of at least its
+  ``STAGED_MIN_N``): chunks of y and dy held in shared memory across the row's wait.
 - persistent split (CUDA): each program of a persistent grid reduces its chunk of y and dy to a
   partial dot, publishes it at the row's counter, and writes dx once the row's partials are in,
   re-reading y and dy (from L2 when the rows in flight fit there).

@@ -1,10 +1,13 @@
 """Row softmax forward in Triton: ``softmax_fwd``, ``row_stats`` and ``normalize`` on (M, N) rows.
 
-Three regimes, picked per call from the row length N (knobs below, no autotuning):
+Four regimes, picked per call from the row length N (knobs below, no autotuning):
 
 - **rows** (``N <= ROWS_MAX_N``): a program holds whole rows in registers, several rows per
   program when they are short (a tile of ``ROWS_TILE`` elements): one read of x, one write of y.
   The knobs are dicts by element size, filled from timings on an H200 (see the comments below).
+- **staged split** (longer rows, CUDA, ``softmax_staged.py``, tried first): each chunk is held in
+  shared memory across the row's wait, so the input is read once; rows longer than the GPU's
+  shared memory holds, and unaligned 16-bit rows, take the paths below.
 - **persistent split** (longer rows, CUDA): the row is cut into chunks of ``SPLIT_CHUNK`` elements
   over the programs of a persistent grid sized to what the GPU holds at once (Q programs per row,
   G rows in flight). Each program reduces its chunk to (max, sum of exp), publishes it and counts
