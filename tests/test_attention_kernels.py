@@ -104,12 +104,8 @@ MODES = {
     "atomic+split": dict(_PLAIN, dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
     "tma": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
     "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_resume_min_keys=0,
-                   dq_warp_spec=True, dkdv_warp_spec=False),
+                   bwd_warp_spec=True),
 }
-# The warp-specialized dK/dV kernel is off by default (triton 3.6's pipelines race in it on the GPU,
-# see attention_config._SM90_BWD_WARP_SPEC; test_gpu_ring_pairs_repeatable runs the default table);
-# its code is still checked in the interpreter, where nothing runs concurrently.
-MODES["tma+ws+dkdv"] = dict(MODES["tma+ws"], dkdv_warp_spec=True)
 
 
 def kernel_paths(monkeypatch):
@@ -144,10 +140,11 @@ def all_visible(Sk, case):
 
 
 def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_pos=(0, 1), scale=None,
-                  mode="separate"):
+                  mode="separate", accumulate=False):
     """Forward + backward of one block pair against the oracle; returns nothing, asserts.
 
-    ``mode`` names the kernel mode (a key of MODES), or is a dict of ``attention_config.override``."""
+    ``mode`` names the kernel mode (a key of MODES), or is a dict of ``attention_config.override``.
+    ``accumulate``: the gradients are added into caller buffers holding ones, as the ring does."""
     scale = D ** -0.5 if scale is None else scale
     q = rand(B, Sq, H, D, dtype=dtype, device=device, scale=1.5)
     k = rand(B, Sk, Hkv, D, dtype=dtype, device=device, scale=1.5)
@@ -160,7 +157,12 @@ def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_p
         assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
         assert lse.shape == (B, H, Sq) and lse.dtype == torch.float32
         delta = attention_delta(out, dout)
-        dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, **kw)
+        if accumulate:
+            ones = [torch.ones(t.shape, dtype=torch.float32, device=device) for t in (q, k, v)]
+            dq, dk, dv = (g - 1 for g in attention_bwd(q, k, v, out, dout, lse, delta, dq=ones[0], dk=ones[1],
+                                                       dv=ones[2], **kw))
+        else:
+            dq, dk, dv = attention_bwd(q, k, v, out, dout, lse, delta, **kw)
     ref = oracle(q, k, v, scale, causal, q_pos, k_pos, dout)
     tol = TOL[dtype]
     check("out", out, ref[0], tol)
@@ -314,11 +316,11 @@ def test_cpu_backward_warp_spec(monkeypatch, case):
     """Each backward kernel runs warp-specialized alone, whole tiles or ragged (rows past the end
     read 0); lse rows off 16-byte alignment run the plain kernels."""
     seen = kernel_paths(monkeypatch)
-    run_and_check(2, 32, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws+dkdv")
-    run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws+dkdv")
+    run_and_check(2, 32, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
+    run_and_check(1, 36, 45, 4, 1, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
     assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws", "ws"], ["ws", "ws"])
     seen.clear()
-    run_and_check(1, 37, 48, 4, 4, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws+dkdv")
+    run_and_check(1, 37, 48, 4, 4, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
     assert (of(seen, "dkdv"), of(seen, "dq")) == (["plain"], ["plain"])
 
 
@@ -328,14 +330,25 @@ def test_cpu_backward_warp_spec_masks(monkeypatch, dtype, causal, q_pos, k_pos):
     """Every ring-step mask through the warp-specialized backward (every tile masked by relative
     positions), GQA, rows that see no key, ragged tiles."""
     seen = kernel_paths(monkeypatch)
-    run_and_check(2, 36, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos, mode="tma+ws+dkdv")
+    run_and_check(2, 36, 45, 4, 2, 32, dtype, CPU, causal, q_pos, k_pos, mode="tma+ws")
     assert (of(seen, "dkdv"), of(seen, "dq")) == (["ws"], ["ws"])
 
 
-def test_default_backward_keeps_dkdv_plain():
-    """The warp-specialized dK/dV kernel raced on an H200 even at 2 stages: no head dim turns it on."""
-    assert not attention_config._SM90_BWD_WARP_SPEC["dkdv"]
-    assert attention_config._SM90_BWD_WARP_SPEC["dq"]
+def test_warp_specialized_dkdv_writes_fresh_buffers(monkeypatch):
+    """The warp-specialized dK/dV kernel raced on an H200 when it added into the caller's buffers:
+    given buffers to add into, attention_bwd launches it with ACCUMULATE off and adds afterwards."""
+    from ringsoftmax.kernels import attention_bwd as bwd_module
+    flags, real = [], bwd_module.launch_split
+
+    def recording(kernel, grid, args, kwargs, *rest, **kw):
+        if kernel is bwd_module._attn_bwd_dkdv_kernel:
+            flags.append(kwargs["ACCUMULATE"])
+        return real(kernel, grid, args, kwargs, *rest, **kw)
+
+    monkeypatch.setattr(bwd_module, "launch_split", recording)
+    run_and_check(1, 32, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, 0), mode="tma+ws",
+                  accumulate=True)
+    assert flags and not any(flags)
 
 
 def test_warp_specialized_tiles_keep_two_stages():
@@ -408,7 +421,7 @@ def test_gpu_masks(dtype, D, H, Hkv, mode):
 def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
     """Every ring-step mask through the warp-specialized kernels (Hopper). Forward: alone where
     every key is visible in whole tiles, else followed by the launch for the masked keys; backward:
-    the dQ kernel warp-specialized, the dK/dV kernel plain (its warp-specialized form races)."""
+    one launch per kernel."""
     seen = kernel_paths(monkeypatch)
     dev = torch.device("cuda")
     for Sq, Sk in ((1000, 256), (128, 517)):
@@ -420,14 +433,15 @@ def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
         runs = 2 * (3 + len(gpu_masks(1, 1)))
         fwd = of(seen, "fwd")
         assert "plain" not in fwd and fwd.count("ws") == runs and fwd.count("rest") > 0
-        assert of(seen, "dq") == ["ws"] * runs and of(seen, "dkdv") == ["plain"] * runs
+        for kernel in ("dkdv", "dq"):
+            assert of(seen, kernel) == ["ws"] * runs, kernel
 
 
 @gpu
 @needs_cuda
 def test_gpu_warp_spec_repeatable():
-    """The warp-specialized kernels in use have no atomics: repeated runs give the same bits. (3
-    pipeline stages in the dK/dV kernel raced at these shapes: NaN or other values in ~2.5% of runs.)"""
+    """The warp-specialized kernels have no atomics: repeated runs give the same bits. (3 pipeline
+    stages in the dK/dV kernel raced at these shapes: NaN or other values in ~2.5% of runs.)"""
     dev = torch.device("cuda")
     for Sq, Sk, (causal, q_pos, k_pos) in ((1000, 256, all_visible(256, 2)), (4096, 4096, gpu_masks(4096, 4096)[6]),
                                            (1000, 256, gpu_masks(1000, 256)[5])):
@@ -454,7 +468,8 @@ def test_gpu_warp_spec_repeatable():
 def test_gpu_ring_pairs_repeatable(D):
     """The default kernels on the block pairs of a zigzag ring (16K tokens, 2 ranks: 4K segments,
     GQA 16/8), gradients added into float32 buffers as the ring does, 20 times: finite and the same
-    bits every time. (The warp-specialized dK/dV kernel gave NaN here in 2 of 2 ring replays.)"""
+    bits every time. (The warp-specialized dK/dV kernel adding into the buffers itself gave NaN in
+    ring replays of these pairs.)"""
     dev, n = torch.device("cuda"), 4096
     q = rand(1, n, 16, D, dtype=torch.bfloat16, device=dev)
     k, v = (rand(1, n, 8, D, dtype=torch.bfloat16, device=dev) for _ in range(2))

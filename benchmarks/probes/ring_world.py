@@ -19,8 +19,9 @@ from ringsoftmax.layouts import shard_for, unshard_from
 from ringsoftmax.merge import merge_
 from ringsoftmax.ring import _blocks, _mask_args, _visible_pairs
 
-MODES = {"default": {}, "+dkdv WS": dict(dkdv_warp_spec=True), "no WS": dict(fwd_warp_spec=False, bwd_warp_spec=False),
-         "+dkdv WS 1st": dict(dkdv_warp_spec=True, dkdv_ws=config.Tile(64, 128, 4, 1))}
+MODES = {"default": {}, "no WS": dict(fwd_warp_spec=False, bwd_warp_spec=False),
+         "dkdv WS 1st": dict(dkdv_warp_spec=True, dkdv_ws=config.Tile(64, 128, 4, 1)),
+         "dq WS only": dict(dkdv_warp_spec=False, dq_warp_spec=True)}
 
 
 def reference(q, k, v, do, scale):

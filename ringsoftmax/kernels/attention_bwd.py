@@ -16,8 +16,9 @@ Both skip tiles no query sees and mask only tiles that straddle the causal bound
 in ``attention_fwd``). On Hopper (``attention_config.bwd_warp_spec``) a kernel can run instead with
 WARP_SPEC: every visible tile in one loop that Triton splits into a TMA-load warp and two compute
 groups, loads through tensor descriptors (rows past the end read 0 and add 0), every tile masked
-(a branch in the loop would turn the splitting off). By default only the dQ kernel does (at head
-dim 128): the warp-specialized dK/dV kernel races in triton 3.6 (NaN in repeated ring replays).
+(a branch in the loop would turn the splitting off), at head dim 128. The warp-specialized dK/dV
+kernel never adds into the caller's buffers itself: in triton 3.6 that raced (NaN in repeated ring
+replays); it writes fresh ones, added afterwards.
 Gradients are float32 and are added into caller-given buffers, which may be strided views (the
 ring accumulates dK/dV as they travel).
 """
@@ -513,13 +514,20 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
                       for name in ("dkdv", "dq"))
 
     with descriptor_scratch() if ws_dkdv or ws_dq else contextlib.nullcontext():
-        # dK, dV (and, by atomics, dQ) per key tile
+        # dK, dV (and, by atomics, dQ) per key tile. The warp-specialized kernel writes fresh buffers
+        # that are added afterwards: adding into the caller's inside it raced (NaN in ring replays)
+        fresh = ws_dkdv and acc_k
+        dk_k, dv_k = (torch.empty(dk.shape, dtype=torch.float32, device=dk.device) for _ in range(2)) if fresh \
+            else (dk, dv)
         grid = lambda t: (triton.cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
-        args = (q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k, *common, *prob.strides(dk), *prob.strides(dv),
-                *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
-        _launch_either(_attn_bwd_dkdv_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_k, DQ_ATOMIC=atomic,
-                                                                SPLIT_TAIL=split_tail),
+        args = (q, k, v, dout, lse, delta, dk_k, dv_k, dq, cu_q, cu_k, *common, *prob.strides(dk_k),
+                *prob.strides(dv_k), *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
+        _launch_either(_attn_bwd_dkdv_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_k and not fresh,
+                                                                DQ_ATOMIC=atomic, SPLIT_TAIL=split_tail),
                        "dkdv", ws_dkdv, q.device, prob.d_pad, q.dtype, causal, (atomic, split_tail) + key)
+        if fresh:
+            dk.add_(dk_k)
+            dv.add_(dv_k)
         if atomic:
             return dq, dk, dv
 

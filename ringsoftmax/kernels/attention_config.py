@@ -108,13 +108,12 @@ _SM90_FWD_RESUME_MIN_KEYS = 16384
 # loop over every visible tile split into a load warp and two compute groups, each tile masked),
 # per kernel, each with the shortest query/key block (the smaller of the two) that takes them.
 # Both kernels warp-specialized gave the backward +19-27% at D=128 and +2-8% at D=64 for blocks
-# >= 8K (H200, bf16, B*S = 32K, .notes/attention.md call 9), but the dK/dV kernel races in
-# triton 3.6's warp-specialized pipelines even at 2 stages: NaN dK/dV in 4 of 8 ring replays
-# (zigzag causal 16K, 2 ranks, GQA 16/8; none plain; benchmarks/probes/ring_world.py, session 5);
-# at 1 stage it is clean but no faster than plain. So dK/dV runs plain. The dQ kernel alone
-# warp-specialized: D=128 backward +5-9% over all-plain (8/8 replays clean and bit-identical);
-# D=64 -6% at 32K, so off there (benchmarks/probes/bwd_modes.py, session 5).
-_SM90_BWD_WARP_SPEC: dict[str, dict[int, int]] = {"dkdv": {}, "dq": {128: 0}}
+# >= 8K (H200, bf16, B*S = 32K, .notes/attention.md call 9). The dK/dV kernel adding into the
+# caller's buffers (ACCUMULATE) raced in triton 3.6's warp-specialized pipelines even at 2 stages:
+# NaN dK/dV in 4 of 8 ring replays with GQA 16/8 and 10 of 10 with 16/16 (session 5,
+# benchmarks/probes/ring_world.py); with fresh buffers it was clean in every run, so attention_bwd
+# gives it fresh buffers and adds them after. D=64: dQ alone warp-specialized lost 6% at 32K.
+_SM90_BWD_WARP_SPEC: dict[str, dict[int, int]] = {"dkdv": {128: 0}, "dq": {128: 0}}
 
 _OVERRIDE: dict = {}
 
