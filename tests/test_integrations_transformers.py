@@ -108,3 +108,27 @@ def test_sliding_window_models_are_refused():
     ids, _ = batch()
     with pytest.raises(NotImplementedError):
         model(**rs_hf.shard_batch(ids), use_cache=False)
+
+
+def test_attention_function_arguments():
+    """Called directly as transformers calls it: (B, H, S, D) in, (B, S, H, D) out, causal from the
+    module or an ``is_causal`` argument; arguments that change the computation are refused."""
+    rs_hf.register()
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 6, 8, generator=g)
+    k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(2))
+
+    class Module:
+        is_causal = True
+
+    for causal, kwargs in ((True, {}), (False, {"is_causal": False})):
+        out, weights = rs_hf.ringsoftmax_attention(Module(), q, k, v, None, scaling=0.5, **kwargs)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=causal, scale=0.5)
+        assert weights is None
+        torch.testing.assert_close(out, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    for name in rs_hf.UNSUPPORTED:
+        with pytest.raises(NotImplementedError, match=name):
+            rs_hf.ringsoftmax_attention(Module(), q, k, v, None, **{name: torch.zeros(1)})
+    with pytest.raises(ValueError, match="attention mask"):
+        rs_hf.ringsoftmax_attention(Module(), q, k, v, torch.ones(1, 1, 6, 6, dtype=torch.bool))

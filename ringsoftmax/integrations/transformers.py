@@ -30,27 +30,33 @@ from ..ring import group_rank_world, ring_attention
 
 NAME = "ringsoftmax"
 _SETTINGS = {"group": None, "layout": "zigzag"}
+#: Arguments some models pass to their attention function that change what it computes (windows,
+#: soft-capping, attention sinks, relative position biases, packed sequences): refused when set.
+UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias", "cu_seq_lens_q", "cu_seq_lens_k",
+               "block_indices")
 
 
 def ringsoftmax_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                           **kwargs):
     """transformers attention function: query (B, H, S, D), key/value (B, Hkv, S, D) of this rank's
-    shard -> (out (B, S, H, D), None). Causal unless the module says ``is_causal = False``."""
+    shard -> (out (B, S, H, D), None). Causal unless ``is_causal=False`` is passed or set on the module."""
     if attention_mask is not None:
         raise ValueError("ringsoftmax attention got an attention mask: it masks by global position itself "
                          "and supports neither padding nor custom masks")
     if dropout:
         raise NotImplementedError(f"ringsoftmax attention has no attention dropout (got {dropout}); set the "
                                   "model's attention_dropout to 0")
-    for name in ("sliding_window", "softcap"):
+    for name in UNSUPPORTED:
         if kwargs.get(name) is not None:
-            raise NotImplementedError(f"ringsoftmax attention does not support {name}={kwargs[name]!r}")
+            raise NotImplementedError(f"ringsoftmax attention does not support {name} (this model passes it)")
+    causal = kwargs.get("is_causal")
     if query.shape[2] != key.shape[2]:
         raise NotImplementedError(f"ringsoftmax attention needs queries and keys of one sequence shard "
                                   f"({query.shape[2]} queries, {key.shape[2]} keys): decoding with a KV cache "
                                   "is not supported (pass use_cache=False, generate with another implementation)")
     out = ring_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                         causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling,
+                         causal=bool(getattr(module, "is_causal", True) if causal is None else causal),
+                         softmax_scale=scaling,
                          group=_SETTINGS["group"], layout=_SETTINGS["layout"])
     return out, None
 
