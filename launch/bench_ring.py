@@ -46,11 +46,19 @@ def context_parallel_peer(q, k, v, dout, causal, backend, mesh):
     """(fwd ms, fwd+bwd ms) of SDPA under torch's context_parallel (sequence dim 2 of (B, H, S, D))."""
     from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import sdpa_kernel
+    from torch.distributed.tensor.experimental import _attention
     qt, kt, vt, dt = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
-    with sdpa_kernel([backend]), context_parallel(mesh, buffers=[qt, kt, vt, dt], buffer_seq_dims=[2, 2, 2, 2]):
-        qq, kk, vv = (t.detach().requires_grad_() for t in (qt, kt, vt))
-        fwd = lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-        return timed_ms(fwd), timed_ms(lambda: torch.autograd.grad(fwd(), (qq, kk, vv), dt))
+    # torch load-balances (head-tail sharding) only causal attention and raises for the rest
+    options = _attention._cp_options
+    balance = options.enable_load_balance
+    options.enable_load_balance = causal
+    try:
+        with sdpa_kernel([backend]), context_parallel(mesh, buffers=[qt, kt, vt, dt], buffer_seq_dims=[2, 2, 2, 2]):
+            qq, kk, vv = (t.detach().requires_grad_() for t in (qt, kt, vt))
+            fwd = lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+            return timed_ms(fwd), timed_ms(lambda: torch.autograd.grad(fwd(), (qq, kk, vv), dt))
+    finally:
+        options.enable_load_balance = balance
 
 
 def main():
