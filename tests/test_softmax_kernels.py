@@ -348,11 +348,16 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     """Every staged entry keeps its ring consistent and fits a Hopper/Ampere multiprocessor's shared
     memory; a config whose slots cannot hold the rows in use is refused before any launch; CPU
     tensors never take the staged (Gluon) kernel."""
-    for (direction, elem), (chunk, warps, stages, ahead, lag) in S.STAGED_CONFIG.items():
-        assert ahead >= 1 and ahead + lag + 1 <= stages
-        tensors = 2 if direction == "bwd" else 1
-        assert stages * chunk * elem * tensors <= 160 * 1024
-        assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
+    for (direction, elem), entries in S.STAGED_CONFIG.items():
+        shortest = [n for n, _ in entries]
+        assert shortest[0] == 0 and shortest == sorted(set(shortest))
+        for n, config in entries:
+            assert S.staged_config(direction, elem, max(n, 1)) == config
+            chunk, warps, stages, ahead, lag = config
+            assert ahead >= 1 and ahead + lag + 1 <= stages
+            tensors = 2 if direction == "bwd" else 1
+            assert stages * chunk * elem * tensors <= 160 * 1024
+            assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
     x = torch.randn(2, 1 << 16)
     assert not S.available(x)
     with pytest.raises(ValueError, match="AHEAD"):

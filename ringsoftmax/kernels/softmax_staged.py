@@ -47,16 +47,18 @@ try:  # Gluon ships with triton >= 3.5; without it the Triton split paths run
 except ImportError:  # pragma: no cover - older triton
     gluon = None
 
-#: Configurations, by direction and element size (the larger of y and dy backward):
-#: (chunk elements per program, num_warps, shared-memory slots, rows loaded ahead, rows of lag).
-#: Slots must cover the rows in use at once: AHEAD + LAG + 1 <= STAGES. Chosen on an H200 from
-#: benchmarks/probes/softmax_staged.py (.notes/softmax.md, session 5): 3 slots (2 programs per
-#: multiprocessor at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points.
+#: Configurations, by direction and element size (the larger of y and dy backward), each a list of
+#: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
+#: Config: (chunk elements per program, num_warps, shared-memory slots, rows loaded ahead, rows of
+#: lag); slots must cover the rows in use at once: AHEAD + LAG + 1 <= STAGES. Chosen on an H200 from
+#: benchmarks/probes/softmax_staged.py (.notes/softmax.md): 3 slots (2 programs per multiprocessor
+#: at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points (session 5); 16-bit forward
+#: chunks of 16K against 8K: +0.5-1 point at 64K-1M, +2 at 2M, +5 at 4M (session 6).
 STAGED_CONFIG = {
-    ("fwd", 4): (8192, 4, 3, 1, 1),
-    ("fwd", 2): (8192, 4, 3, 1, 1),
-    ("bwd", 4): (4096, 4, 3, 1, 1),
-    ("bwd", 2): (8192, 4, 3, 1, 1),
+    ("fwd", 4): [(0, (8192, 4, 3, 1, 1))],
+    ("fwd", 2): [(0, (8192, 4, 3, 1, 1)), (65536, (16384, 4, 3, 1, 1))],
+    ("bwd", 4): [(0, (4096, 4, 3, 1, 1))],
+    ("bwd", 2): [(0, (8192, 4, 3, 1, 1))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -64,6 +66,9 @@ STAGED_CONFIG = {
 STAGED_MIN_N = {("fwd", 4): 32769, ("fwd", 2): 16385, ("bwd", 4): 32769, ("bwd", 2): 32769}
 #: Use the staged kernel for split rows on CUDA (False: the Triton persistent / two-pass paths).
 STAGED = True
+#: Forward with 16-bit outputs: fold the division by the row's sum into the exponent (one multiply
+#: less per element; see ``_exp_over``).
+FOLD_DIVISION_16BIT = True
 #: Most programs one row can have (the partial words of a row are read as one block of this size).
 MAX_PROGRAMS_PER_ROW = 512
 #: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
@@ -131,16 +136,23 @@ if gluon is not None:
                                          is_pure=True, pack=1)
 
     @gluon.jit
-    def _exp_over(a, shift, total):
+    def _exp_over(a, shift, total, FOLD: gl.constexpr):
         """exp(a - shift) / total of a float32 block (a <= shift or -inf; shift finite; ``total``
         None: no division; total 0 gives 0).
 
         a - shift first (exact for close values), then times log2(e), 2^, and 1 / total, each
         rounded once: float32 digits are kept at |x| ~ 1e4. (Folding the shift into one FMA saved
-        nothing measurable on an H200 and cost float16 its tolerance at |x| ~ 6e4.)"""
-        e = _exp2_ftz((a - shift) * LOG2E)
-        if total is not None:
-            e = e * gl.where(total > 0, 1.0 / total, 0.0)
+        nothing measurable on an H200 and cost float16 its tolerance at |x| ~ 6e4.)
+        ``FOLD``: the division folded into the exponent instead, 2^((a - shift) log2(e) - log2(total))
+        in one FMA: one multiply less per element, at a relative error of ~6e-8 * log2(total) (1e-6
+        for rows of 2^20), so only for 16-bit outputs, which round to 4e-3."""
+        d = a - shift
+        if total is None:
+            e = _exp2_ftz(d * LOG2E)
+        elif FOLD:
+            e = _exp2_ftz(gl.fma(d, LOG2E, -gl.where(total > 0, gl.log2(total), 0.0)))
+        else:
+            e = _exp2_ftz(d * LOG2E) * gl.where(total > 0, 1.0 / total, 0.0)
         return e
 
     @gluon.jit
@@ -153,7 +165,7 @@ if gluon is not None:
         else:
             m = gl.max(a, axis=0)
             shift = gl.where(m == float("-inf"), 0.0, m)
-            return m, gl.sum(_exp_over(a, shift, None), axis=0)
+            return m, gl.sum(_exp_over(a, shift, None, False), axis=0)
 
     @gluon.jit
     def _merge_pair(m, s, cm, cs, BWD: gl.constexpr):
@@ -192,11 +204,12 @@ if gluon is not None:
     def _staged_kernel(A, B, OUT, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, G, spin_max,
                        BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
                        LAG: gl.constexpr, PBLK: gl.constexpr, LOAD_EVICT: gl.constexpr,
-                       STORE_EVICT: gl.constexpr):
+                       STORE_EVICT: gl.constexpr, FOLD: gl.constexpr):
         """Program (slot, q) of a G x Q grid: chunk q of rows slot, slot + G, ... (see the module doc).
 
         A (M, N) is x forward / y backward, B is dy backward (A again forward); OUT (M, N) contiguous;
         LSE (M,) float32 (forward only); P (M, Q) int64 partial words, all PENDING_WORD; Q <= PBLK.
+        FOLD: the forward's division folded into its exponent (16-bit outputs, see ``_exp_over``).
         """
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
@@ -268,7 +281,7 @@ if gluon is not None:
                 else:
                     shift = gl.where(m == float("-inf"), 0.0, m)
                     gl.store(LSE + done_row, m + gl.log(s), mask=q == 0)
-                    out = _exp_over(a, shift, s)  # a row with sum 0 is all -inf: y = 0
+                    out = _exp_over(a, shift, s, FOLD)  # a row with sum 0 is all -inf: y = 0
                 optrs = OUT + done_row.to(gl.int64) * stride_o + start + offs
                 gl.store(optrs, out.to(OUT.dtype.element_ty), mask=ok, eviction_policy=STORE_EVICT)
         async_copy.wait_group(0)
@@ -288,6 +301,11 @@ def available(*tensors: torch.Tensor) -> bool:
                for u in tensors)
 
 
+def staged_config(direction: str, elem: int, n: int) -> tuple:
+    """The table's config for rows of ``n`` elements of ``elem`` bytes (see ``STAGED_CONFIG``)."""
+    return [config for shortest, config in STAGED_CONFIG[(direction, elem)] if n >= shortest][-1]
+
+
 def launch(direction: str, a, b, out, lse, config=None) -> bool:
     """Run the staged kernel on (M, N) rows if one row's chunks fit the resident grid; else False.
 
@@ -295,11 +313,11 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     Backward (``"bwd"``): a = y, b = dy, out = dx (M, N) in dy.dtype; lse is not written.
     Inputs float32 / float16 / bfloat16 with unit column stride (see ``available``).
 
-    ``config``: (chunk, num_warps, stages, ahead, lag), default ``STAGED_CONFIG[(direction, elem)]``.
+    ``config``: (chunk, num_warps, stages, ahead, lag), default ``staged_config(direction, elem, N)``.
     """
     m, n = a.shape
     elem = max(a.element_size(), b.element_size())
-    chunk, warps, stages, ahead, lag = config or STAGED_CONFIG[(direction, elem)]
+    chunk, warps, stages, ahead, lag = config or staged_config(direction, elem, n)
     if ahead + lag + 1 > stages or ahead < 1:
         raise ValueError(f"staged softmax config {config}: needs 1 <= AHEAD and AHEAD + LAG + 1 <= STAGES")
     bwd = direction == "bwd"
@@ -308,7 +326,8 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
         return False
     err = F.error_counter(a.device)
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag, PBLK=MAX_PROGRAMS_PER_ROW,
-                  LOAD_EVICT="evict_first", STORE_EVICT=F.PERSISTENT_EVICT[1])
+                  LOAD_EVICT="evict_first", STORE_EVICT=F.PERSISTENT_EVICT[1],
+                  FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2)
     # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
     # size depends on the grid; the kernel does not specialize on M, Q, G)
     stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
