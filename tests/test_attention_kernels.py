@@ -103,15 +103,17 @@ MODES = {
     "split": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=True, fwd_tma=False),
     "atomic+split": dict(_PLAIN, dq_atomic=True, dkdv_split_tail=True, fwd_tma=False),
     "tma": dict(_PLAIN, dq_atomic=False, dkdv_split_tail=True, fwd_tma=True),
-    "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_resume_min_keys=0,
-                   bwd_warp_spec=True),
+    "tma+ws": dict(dq_atomic=False, dkdv_split_tail=True, fwd_tma=True, fwd_warp_spec=True, fwd_persistent=False,
+                   fwd_resume_min_keys=0, bwd_warp_spec=True),
 }
+# the warp-specialized forward persistent (a grid of one program per multiprocessor; 4 on the CPU)
+MODES["tma+ws+pers"] = dict(MODES["tma+ws"], fwd_persistent=True)
 
 
 def kernel_paths(monkeypatch):
     """Record which kernel each launch ran, as "fwd:", "dkdv:" or "dq:" followed by "ws"
-    (warp-specialized), "rest" (the forward's masked keys after "ws") or "plain" (a list the test
-    reads afterwards)."""
+    (warp-specialized), "pers" (the forward warp-specialized and persistent), "rest" (the forward's
+    masked keys after "ws" or "pers") or "plain" (a list the test reads afterwards)."""
     from ringsoftmax.kernels import attention_bwd as bwd_module
     from ringsoftmax.kernels import attention_fwd as fwd_module
     names = {fwd_module._attn_fwd_kernel: "fwd", bwd_module._attn_bwd_dkdv_kernel: "dkdv",
@@ -119,9 +121,10 @@ def kernel_paths(monkeypatch):
     seen, real = [], fwd_module.launch
 
     def recording(kernel, grid, args, kwargs, *rest, **kw):
-        path = "ws" if kwargs.get("WARP_SPEC") else "rest" if kwargs.get("RESUME") else "plain"
+        path = ("pers" if kwargs.get("PERSISTENT") else "ws") if kwargs.get("WARP_SPEC") else (
+            "rest" if kwargs.get("RESUME") else "plain")
+        real(kernel, grid, args, kwargs, *rest, **kw)   # a launch that raises (does not fit) is not listed
         seen.append(f"{names[kernel]}:{path}")
-        return real(kernel, grid, args, kwargs, *rest, **kw)
 
     monkeypatch.setattr(fwd_module, "launch", recording)
     monkeypatch.setattr(bwd_module, "launch", recording)
@@ -277,34 +280,95 @@ def test_cpu_strided_accumulate_and_dlse(mode):
         assert torch.isfinite(buf).all()
 
 
+@pytest.mark.parametrize("mode", ["tma+ws", "tma+ws+pers"])
 @pytest.mark.parametrize("case", [0, 1, 2])
-def test_cpu_forward_warp_spec(monkeypatch, case):
+def test_cpu_forward_warp_spec(monkeypatch, case, mode):
     """Keys in whole tiles, all visible: the warp-specialized kernel alone; a ragged key block adds
-    the resuming launch for the masked tail; a query count off the lse alignment runs the plain one."""
+    the resuming launch for the masked tail; a query count off the lse alignment runs the plain one.
+    Persistent: 4 programs walk 24 or 12 query tiles, partial last tiles reading the next batch's rows."""
     seen = kernel_paths(monkeypatch)
-    run_and_check(2, 36, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
-    assert of(seen, "fwd") == ["ws"]
+    ws = "pers" if mode.endswith("pers") else "ws"
+    run_and_check(2, 36, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode=mode)
+    assert of(seen, "fwd") == [ws]
     seen.clear()
-    run_and_check(1, 36, 45, 4, 2, 32, torch.float16, CPU, *all_visible(45, case), mode="tma+ws")
-    assert of(seen, "fwd") == ["ws", "rest"]
+    run_and_check(1, 36, 45, 4, 2, 32, torch.float16, CPU, *all_visible(45, case), mode=mode)
+    assert of(seen, "fwd") == [ws, "rest"]
     seen.clear()
-    run_and_check(1, 37, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode="tma+ws")
+    run_and_check(1, 37, 48, 4, 2, 32, torch.float16, CPU, *all_visible(48, case), mode=mode)
     assert of(seen, "fwd") == ["plain"]
 
 
-@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+@pytest.mark.parametrize("layout", ["packed qkv", "heads first", "batch gaps"])
+def test_cpu_forward_persistent_strides(monkeypatch, layout):
+    """The persistent kernel reads q/k/v through descriptors over whole tensors: a (B, S, 3, H, D)
+    qkv slice (token rows 3x wider) runs persistent; (B, H, S, D) storage and padding between
+    batches cannot be addressed so and run the per-tile warp-specialized kernel. Values exact."""
+    seen = kernel_paths(monkeypatch)
+    B, S, H, D = 3, 48, 4, 32
+    if layout == "packed qkv":
+        q, k, v = rand(B, S, 3, H, D, dtype=torch.float16, device=CPU, scale=1.5).unbind(2)
+    elif layout == "heads first":
+        q, k, v = (rand(B, H, S, D, dtype=torch.float16, device=CPU, scale=1.5).transpose(1, 2) for _ in range(3))
+    else:
+        q, k, v = (rand(B, S + 4, H, D, dtype=torch.float16, device=CPU, scale=1.5)[:, :S] for _ in range(3))
+    with attention_config.override(**MODES["tma+ws+pers"]):
+        out, lse = attention_fwd(q, k, v, softmax_scale=0.2)
+    assert of(seen, "fwd") == (["pers"] if layout == "packed qkv" else ["ws"])
+    ref = oracle(q, k, v, 0.2, False, (0, 1), (0, 1))
+    check("out", out, ref[0], TOL[torch.float16])
+    check_lse(lse, ref[1], LSE_ATOL[torch.float16])
+
+
+def test_cpu_forward_persistent_misfit(monkeypatch):
+    """A persistent launch that does not fit the shared memory (the float32 output at D=128 on an
+    H200) falls back to the per-tile warp-specialized kernel, and later calls go there directly."""
+    from ringsoftmax.kernels import attention_fwd as fwd_module
+    seen = kernel_paths(monkeypatch)
+    real, tries = fwd_module.launch, []
+    fwd_module._MISFITS.clear()
+
+    def no_room_for_persistent(kernel, grid, args, kwargs, *rest, **kw):
+        if kwargs.get("PERSISTENT"):
+            tries.append(1)
+            raise RuntimeError("no attention tile fits")   # what launch raises when nothing fits
+        return real(kernel, grid, args, kwargs, *rest, **kw)
+
+    monkeypatch.setattr(fwd_module, "launch", no_room_for_persistent)
+    q, k, v = (rand(2, 32, 4, 32, dtype=torch.float16, device=CPU, scale=1.5) for _ in range(3))
+    with attention_config.override(**MODES["tma+ws+pers"]):
+        for _ in range(2):
+            out, lse = attention_fwd(q, k, v, softmax_scale=0.2, out_dtype=torch.float32)
+            check("out", out, oracle(q, k, v, 0.2, False, (0, 1), (0, 1))[0], TOL[torch.float16])
+    assert of(seen, "fwd") == ["ws", "ws"] and len(tries) == 1
+    fwd_module._MISFITS.clear()
+
+
+def test_persistent_table():
+    """The persistent forward: off on the CPU and for float32 unless overridden; the override wins."""
+    cpu = torch.device("cpu")
+    assert not attention_config.fwd_persistent(cpu, 128, torch.float16, False, 4096)
+    with attention_config.override(fwd_persistent=True):
+        assert attention_config.fwd_persistent(cpu, 128, torch.float16, False, 1 << 20)
+    with attention_config.override(fwd_warp_spec=False):   # no warp-specialized forward at all
+        assert not attention_config.fwd_persistent(torch.device("cuda"), 128, torch.float16, False, 4096)
+    assert all(most >= 4096 for most in attention_config._SM90_FWD_PERSISTENT_MAX_KEYS.values())
+
+
+@pytest.mark.parametrize("mode,out_dtype", [("tma+ws", None), ("tma+ws", torch.float32), ("tma+ws+pers", None),
+                                            ("tma+ws+pers", torch.float32)])
 @pytest.mark.parametrize("causal,q_pos,k_pos", CPU_MASKS)
-def test_cpu_forward_split_launches(monkeypatch, causal, q_pos, k_pos, out_dtype):
+def test_cpu_forward_split_launches(monkeypatch, causal, q_pos, k_pos, mode, out_dtype):
     """Every ring-step mask through the two-launch forward (unmasked keys, then the masked keys
-    resuming from their (out, lse)), including rows that see no key, and float32 output (in place)."""
+    resuming from their (out, lse)), including rows that see no key, and float32 output (in place);
+    the first launch per tile or persistent."""
     seen = kernel_paths(monkeypatch)
     q = rand(2, 36, 4, 32, dtype=torch.float16, device=CPU, scale=1.5)
     k = rand(2, 45, 2, 32, dtype=torch.float16, device=CPU, scale=1.5)
     v = rand(2, 45, 2, 32, dtype=torch.float16, device=CPU)
-    with attention_config.override(**MODES["tma+ws"]):
+    with attention_config.override(**MODES[mode]):
         out, lse = attention_fwd(q, k, v, softmax_scale=0.2, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1],
                                  k_offset=k_pos[0], k_stride=k_pos[1], out_dtype=out_dtype)
-    assert of(seen, "fwd") == ["ws", "rest"]
+    assert of(seen, "fwd") == ["pers" if mode.endswith("pers") else "ws", "rest"]
     assert out.dtype == (out_dtype or torch.float16)
     ref = oracle(q, k, v, 0.2, causal, q_pos, k_pos)
     check("out", out, ref[0], TOL[torch.float16])
@@ -406,7 +470,7 @@ GPU_SHAPES = [  # (dtype, head_dim, heads, kv_heads)
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["separate", "atomic", "split", "tma", "tma+ws"])
+@pytest.mark.parametrize("mode", ["separate", "atomic", "split", "tma", "tma+ws", "tma+ws+pers"])
 @pytest.mark.parametrize("dtype,D,H,Hkv", GPU_SHAPES)
 def test_gpu_masks(dtype, D, H, Hkv, mode):
     Sq, Sk = 301, 517
@@ -416,30 +480,35 @@ def test_gpu_masks(dtype, D, H, Hkv, mode):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("mode", ["tma+ws", "tma+ws+pers"])
 @pytest.mark.parametrize("dtype,D,H,Hkv", [(torch.bfloat16, 128, 8, 2), (torch.bfloat16, 64, 4, 4),
                                            (torch.float16, 128, 4, 1)])
-def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv):
+def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv, mode):
     """Every ring-step mask through the warp-specialized kernels (Hopper). Forward: alone where
-    every key is visible in whole tiles, else followed by the launch for the masked keys; backward:
-    one launch per kernel."""
+    every key is visible in whole tiles, else followed by the launch for the masked keys, per tile
+    or persistent (per tile where the persistent kernel's float32 output does not fit the shared
+    memory, D=128); backward: one launch per kernel."""
     seen = kernel_paths(monkeypatch)
     dev = torch.device("cuda")
     for Sq, Sk in ((1000, 256), (128, 517)):
         for case in (0, 1, 2):
-            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, *all_visible(Sk, case), mode="tma+ws")
+            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, *all_visible(Sk, case), mode=mode)
         for causal, q_pos, k_pos in gpu_masks(Sq, Sk):
-            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, causal, q_pos, k_pos, mode="tma+ws")
+            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, causal, q_pos, k_pos, mode=mode)
     if torch.cuda.get_device_capability()[0] == 9:
         runs = 2 * (3 + len(gpu_masks(1, 1)))
         fwd = of(seen, "fwd")
-        assert "plain" not in fwd and fwd.count("ws") == runs and fwd.count("rest") > 0
+        first = fwd.count("ws") + fwd.count("pers")
+        assert "plain" not in fwd and first == runs and fwd.count("rest") > 0
+        assert (fwd.count("pers") > 0) == mode.endswith("pers")
         for kernel in ("dkdv", "dq"):
             assert of(seen, kernel) == ["ws"] * runs, kernel
 
 
 @gpu
 @needs_cuda
-def test_gpu_warp_spec_repeatable():
+@pytest.mark.parametrize("mode", ["tma+ws", "tma+ws+pers"])
+def test_gpu_warp_spec_repeatable(mode):
     """The warp-specialized kernels have no atomics: repeated runs give the same bits. (3 pipeline
     stages in the dK/dV kernel raced at these shapes: NaN or other values in ~2.5% of runs.)"""
     dev = torch.device("cuda")
@@ -451,7 +520,7 @@ def test_gpu_warp_spec_repeatable():
         dout = rand(2, Sq, 8, 128, dtype=torch.bfloat16, device=dev)
         kw = dict(softmax_scale=128 ** -0.5, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
                   k_stride=k_pos[1])
-        with attention_config.override(**MODES["tma+ws"]):
+        with attention_config.override(**MODES[mode]):
             first = attention_fwd(q, k, v, **kw)
             delta = attention_delta(first[0], dout)
             grads = attention_bwd(q, k, v, first[0], dout, first[1], delta, **kw)

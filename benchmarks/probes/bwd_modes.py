@@ -22,8 +22,8 @@ T = config.Tile
 MODES = {
     "plain": dict(bwd_warp_spec=False),
     "default": {},
-    "ws (kv races)": dict(bwd_warp_spec=True),
-    "ws kv 1st": dict(bwd_warp_spec=True, dkdv_ws=T(64, 128, 4, 1)),
+    "ws both": dict(bwd_warp_spec=True),
+    "ws kv only": dict(dkdv_warp_spec=True, dq_warp_spec=False),
 }
 
 

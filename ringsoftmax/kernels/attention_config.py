@@ -100,6 +100,11 @@ _SM90_DKDV_SPLIT_TAIL: set[int] = {64, 128}
 # always take the pointer path.
 _SM90_FWD_TMA: set[int] = {128}
 _SM90_FWD_WARP_SPEC: set[int] = {128}
+# Padded head dims -> most keys for which the warp-specialized forward runs persistent (a grid of
+# one program per multiprocessor walking the query tiles in order). On an H200, D=128 full
+# attention (medians of 3, session 7): +4% at 4K keys, +2% at 8K, even at 16K-32K; D=64 (where it
+# would be the only warp-specialized forward) even with the plain kernel at 4K-32K, so not taken.
+_SM90_FWD_PERSISTENT_MAX_KEYS: dict[int, int] = {128: 8192}
 # A block pair with masked tiles takes the warp-specialized kernel (then a launch for the masked
 # keys, resuming from a float32 (out, lse)) only with at least this many keys: on an H200 at
 # D=128 causal it gained 6% at 32K and 3% at 16K keys, and lost 11% at 4K.
@@ -112,8 +117,10 @@ _SM90_FWD_RESUME_MIN_KEYS = 16384
 # caller's buffers (ACCUMULATE) raced in triton 3.6's warp-specialized pipelines even at 2 stages:
 # NaN dK/dV in 4 of 8 ring replays with GQA 16/8 and 10 of 10 with 16/16 (session 5,
 # benchmarks/probes/ring_world.py); with fresh buffers it was clean in every run, so attention_bwd
-# gives it fresh buffers and adds them after. D=64: dQ alone warp-specialized lost 6% at 32K.
-_SM90_BWD_WARP_SPEC: dict[str, dict[int, int]] = {"dkdv": {128: 0}, "dq": {128: 0}}
+# gives it fresh buffers and adds them after. D=64: dQ alone warp-specialized lost 6% at 32K;
+# dK/dV alone warp-specialized (fresh buffers) gained 3-13% over all-plain at 4K and 32K, full,
+# causal and ring-step masks (session 7, logs/2026-11-22-h200-attention-s7-bwd-modes.log).
+_SM90_BWD_WARP_SPEC: dict[str, dict[int, int]] = {"dkdv": {128: 0, 64: 0}, "dq": {128: 0}}
 
 _OVERRIDE: dict = {}
 
@@ -189,6 +196,18 @@ def bwd_warp_spec(kernel: str, device: torch.device, head_dim_pad: int, dtype: t
     return min_len is not None and seqlen >= min_len and _sm90_flag("", {head_dim_pad}, device, head_dim_pad, dtype)
 
 
+def fwd_persistent(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool, n_keys: int) -> bool:
+    """Whether the warp-specialized forward runs persistent on a block of ``n_keys`` keys (it also
+    runs warp-specialized where fwd_warp_spec says not, e.g. D=64). Override: ``fwd_persistent``;
+    overriding ``fwd_warp_spec=False`` alone turns it off too (no warp-specialized forward at all)."""
+    if "fwd_persistent" in _OVERRIDE:
+        return _sm90_flag("fwd_persistent", (), device, head_dim_pad, dtype)
+    if _OVERRIDE.get("fwd_warp_spec", True) is False:
+        return False
+    most = _SM90_FWD_PERSISTENT_MAX_KEYS.get(head_dim_pad)
+    return most is not None and n_keys <= most and _sm90_flag("", {head_dim_pad}, device, head_dim_pad, dtype)
+
+
 def fwd_resume_min_keys(device: torch.device) -> int:
     """Fewest keys for which a masked block pair takes the warp-specialized forward (two launches)."""
     if "fwd_resume_min_keys" in _OVERRIDE:
@@ -199,12 +218,13 @@ def fwd_resume_min_keys(device: torch.device) -> int:
 @contextlib.contextmanager
 def override(**tiles):
     """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``, ``dkdv_ws=``, ``dq_ws=``: Tile) or
-    modes (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``, ``bwd_warp_spec=``: bool;
+    modes (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``, ``fwd_persistent=``,
+    ``bwd_warp_spec=``: bool;
     ``fwd_resume_min_keys=``: int; ``dkdv_warp_spec=``, ``dq_warp_spec=``: bool, each backward kernel
     alone) instead of the table, e.g. to tune or to test every mode."""
     unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws", "dq_ws", "dq_atomic", "dkdv_split_tail",
-                            "fwd_tma", "fwd_warp_spec", "fwd_resume_min_keys", "bwd_warp_spec", "dkdv_warp_spec",
-                            "dq_warp_spec"}
+                            "fwd_tma", "fwd_warp_spec", "fwd_persistent", "fwd_resume_min_keys",
+                            "bwd_warp_spec", "dkdv_warp_spec", "dq_warp_spec"}
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}")
     saved = dict(_OVERRIDE)

@@ -17,6 +17,7 @@ sequence). The helpers ``_key_ranges``, ``_load_rows``, ``_query_tile`` and ``_P
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 
@@ -100,14 +101,15 @@ def _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr
 
 # ----------------------------------------------------------------------------- forward kernel
 @triton.jit
-def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, lo, hi, Sk, row_lim, k_stride, qk_scale,
-               offs_n, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, k_row, k_col, stride_ks, stride_vs, lo, hi, Sk, row_lim,
+               k_stride, qk_scale, offs_n, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                TMA: tl.constexpr, WARP_SPEC: tl.constexpr):
     """Online-softmax steps over key tiles [lo, hi); scores in log2 units (scale includes log2 e).
 
-    K/V tiles come through the tensor descriptors ``desc_k``/``desc_v`` (TMA: rows past Sk read 0)
-    when TMA, else through pointers from ``K``/``V``. WARP_SPEC asks Triton to split the loop into
+    K/V tiles come through the tensor descriptors ``desc_k``/``desc_v`` when TMA (key j at row
+    ``k_row + j``, columns from ``k_col``; rows past the descriptor read 0), else through pointers
+    from ``K``/``V``. WARP_SPEC asks Triton to split the loop into
     load and compute warps (Hopper/Blackwell, with TMA). Where MASKED, key j of the tile at start_n
     is visible to row i iff j < Sk - start_n and, if causal, j*k_stride <= row_lim[i] - start_n*k_stride
     (``row_lim[i]`` = position of query i - position of key 0): both folded into one compare per score."""
@@ -118,7 +120,7 @@ def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, lo,
         cols = start_n + offs_n
         # load the K tile and score it
         if TMA:
-            k = desc_k.load([start_n, 0])
+            k = desc_k.load([k_row + start_n, k_col])
         else:
             k = _load_rows(K + start_n.to(tl.int64) * stride_ks + k_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
@@ -142,7 +144,7 @@ def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, lo,
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         if TMA:
-            v = desc_v.load([start_n, 0])
+            v = desc_v.load([k_row + start_n, k_col])
         else:
             v = _load_rows(V + start_n.to(tl.int64) * stride_vs + v_tile, cols, Sk, offs_d, HEAD_DIM, D_PAD, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
@@ -150,30 +152,19 @@ def _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, lo,
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["Sq", "Sk", "q_offset", "k_offset"])
-def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
-                     stride_qb, stride_qs, stride_qh,
-                     stride_kb, stride_ks, stride_kh,
-                     stride_vb, stride_vs, stride_vh,
-                     stride_ob, stride_os, stride_oh,
-                     stride_lb, stride_lh, stride_ls,
-                     Sq, Sk, H, GROUP, q_offset, q_stride, k_offset, k_stride, qk_scale,
-                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
-                     RESUME: tl.constexpr = False):
-    b, h, q_start, Sq, k_start, Sk, start_m = _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M, CAUSAL, VARLEN)
-    if VARLEN:
-        # the grid covers the longest sequence; shorter ones have no rows here
-        if start_m >= Sq:
-            return
+@triton.jit
+def _fwd_tile(Q, K, V, Out, Lse, Prev, desc_q, desc_k, desc_v, q_row, q_col, k_row, k_col, b64, h, q_start, start_m,
+              stride_qs, stride_ks, stride_vs, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
+              Sq, Sk, q_offset, q_stride, k_offset, k_stride, qk_scale,
+              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+              RESUME: tl.constexpr):
+    """Query rows [start_m, start_m + BLOCK_M) of head ``h`` of batch (or sequence) ``b64``.
 
-    # base pointers of this (batch, head); K/V of the group's shared head
-    b64 = b.to(tl.int64)
-    Q += b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
-    K += b64 * stride_kb + k_start.to(tl.int64) * stride_ks + (h // GROUP) * stride_kh
-    V += b64 * stride_vb + k_start.to(tl.int64) * stride_vs + (h // GROUP) * stride_vh
+    Pointer loads: Q/K/V already point at this (batch, head)'s first row. Descriptor loads (TMA):
+    row ``q_row + i`` and columns from ``q_col`` of ``desc_q`` hold query i (``k_row``, ``k_col``
+    likewise for keys): 0 for descriptors of this head alone, a (batch, head) offset for
+    descriptors over the whole tensor (the persistent kernel)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
@@ -182,17 +173,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
 
     # the query tile stays in registers/shared memory for the whole loop
     if TMA:
-        # tensor descriptors of this head's (rows, HEAD_DIM) slices: TMA reads 0 past the last row
-        desc_q = tl.make_tensor_descriptor(Q, shape=[Sq, HEAD_DIM], strides=[stride_qs, 1],
-                                           block_shape=[BLOCK_M, D_PAD])
-        desc_k = tl.make_tensor_descriptor(K, shape=[Sk, HEAD_DIM], strides=[stride_ks, 1],
-                                           block_shape=[BLOCK_N, D_PAD])
-        desc_v = tl.make_tensor_descriptor(V, shape=[Sk, HEAD_DIM], strides=[stride_vs, 1],
-                                           block_shape=[BLOCK_N, D_PAD])
-        q = desc_q.load([start_m, 0])
+        q = desc_q.load([q_row + start_m, q_col])
     else:
-        desc_k = K
-        desc_v = V
         q_tile = tl.arange(0, BLOCK_M)[:, None] * stride_qs + offs_d[None, :]
         q = _load_rows(Q + start_m.to(tl.int64) * stride_qs + q_tile, offs_m, Sq, offs_d, HEAD_DIM, D_PAD, True)
     # keys every row sees (no mask), then keys some rows see (masked); the rest is skipped.
@@ -200,7 +182,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
     # WARP_SPEC runs the unmasked keys only; RESUME runs the masked keys only, continuing from the
     # (out, lse) of the unmasked keys that the first launch left in Prev (float32) and Lse.
     # (One warp-specialized loop over every key with each tile masked measured 2-10% slower than
-    # both, causal D=128 4K-32K on an H200: the forward has 2 matmuls per exponential to hide it.)
+    # both, causal D=128 4K-32K on an H200 (session 4); persistent, no faster than the plain kernel
+    # at 4K and 1-10% slower at 8K-32K (session 7): a compare and a select per score, every tile.)
     full_end, hi = _key_ranges(start_m, Sq, Sk, q_offset, q_stride, k_offset, k_stride, BLOCK_M, BLOCK_N, CAUSAL)
     if RESUME:
         # online-softmax state from (out, lse): m = lse (log2 units), l = 1, acc = out
@@ -215,13 +198,13 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-        acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, 0, full_end, Sk,
-                                   row_lim, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
+        acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, k_row, k_col, stride_ks, stride_vs, 0,
+                                   full_end, Sk, row_lim, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
                                    False, CAUSAL, DOT_PRECISION, TMA, WARP_SPEC)
     if not WARP_SPEC:
-        acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, full_end, hi, Sk,
-                                   row_lim, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_N,
-                                   True, CAUSAL, DOT_PRECISION, TMA, False)
+        acc, l_i, m_i = _fwd_steps(acc, l_i, m_i, q, K, V, desc_k, desc_v, k_row, k_col, stride_ks, stride_vs,
+                                   full_end, hi, Sk, row_lim, k_stride, qk_scale, offs_n, offs_d, HEAD_DIM, D_PAD,
+                                   BLOCK_N, True, CAUSAL, DOT_PRECISION, TMA, False)
 
     # epilogue: normalize; rows that saw no key get out = 0, lse = -inf
     seen = l_i > 0.0
@@ -246,6 +229,76 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
         else:
             tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
         tl.store(Lse + b64 * stride_lb + h * stride_lh + (q_start + offs_m) * stride_ls, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["Sq", "Sk", "q_offset", "k_offset"])
+def _attn_fwd_kernel(Q, K, V, Out, Lse, Prev, CuQ, CuK,
+                     stride_qb, stride_qs, stride_qh,
+                     stride_kb, stride_ks, stride_kh,
+                     stride_vb, stride_vs, stride_vh,
+                     stride_ob, stride_os, stride_oh,
+                     stride_lb, stride_lh, stride_ls,
+                     Sq, Sk, BATCH, H, GROUP, q_offset, q_stride, k_offset, k_stride, qk_scale,
+                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
+                     RESUME: tl.constexpr = False, PERSISTENT: tl.constexpr = False):
+    """One query tile per program (grid: query tiles x batch*heads), or, if PERSISTENT (dense,
+    warp-specialized), a grid of about one program per multiprocessor, each walking the tiles
+    p, p + P, ... in the plain grid's order; see ``attention_fwd`` for the layouts."""
+    if PERSISTENT:
+        # descriptors over the whole tensors, built once: rows are (batch, token), the heads of a
+        # token side by side in columns (``persistent_ready``: batch stride = tokens * token stride).
+        # Rows of a partial query tile past Sq read the next batch's tokens: their results are not
+        # stored (the out/lse stores clip at Sq), and every key tile lies inside its batch.
+        desc_q = tl.make_tensor_descriptor(Q, shape=[BATCH * Sq, (H - 1) * stride_qh + HEAD_DIM],
+                                           strides=[stride_qs, 1], block_shape=[BLOCK_M, D_PAD])
+        k_cols = (H // GROUP - 1) * stride_kh + HEAD_DIM
+        desc_k = tl.make_tensor_descriptor(K, shape=[BATCH * Sk, k_cols], strides=[stride_ks, 1],
+                                           block_shape=[BLOCK_N, D_PAD])
+        k_cols = (H // GROUP - 1) * stride_vh + HEAD_DIM
+        desc_v = tl.make_tensor_descriptor(V, shape=[BATCH * Sk, k_cols], strides=[stride_vs, 1],
+                                           block_shape=[BLOCK_N, D_PAD])
+        tiles_m = tl.cdiv(Sq, BLOCK_M)
+        for tile in tl.range(tl.program_id(0), tiles_m * BATCH * H, tl.num_programs(0)):
+            pid_m = tile % tiles_m
+            if CAUSAL:   # heaviest tiles first, as in the plain grid
+                pid_m = tiles_m - 1 - pid_m
+            b = tile // tiles_m // H
+            h = tile // tiles_m % H
+            _fwd_tile(Q, K, V, Out, Lse, Prev, desc_q, desc_k, desc_v, b * Sq, h * stride_qh, b * Sk,
+                      (h // GROUP) * stride_kh, b.to(tl.int64), h, 0, pid_m * BLOCK_M,
+                      stride_qs, stride_ks, stride_vs, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                      stride_ls, Sq, Sk, q_offset, q_stride, k_offset, k_stride, qk_scale,
+                      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, True, WARP_SPEC, False)
+    else:
+        b, h, q_start, Sq, k_start, Sk, start_m = _query_tile(CuQ, CuK, Sq, Sk, H, BLOCK_M, CAUSAL, VARLEN)
+        if VARLEN:
+            # the grid covers the longest sequence; shorter ones have no rows here
+            if start_m >= Sq:
+                return
+        # base pointers of this (batch, head); K/V of the group's shared head
+        b64 = b.to(tl.int64)
+        Q += b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
+        K += b64 * stride_kb + k_start.to(tl.int64) * stride_ks + (h // GROUP) * stride_kh
+        V += b64 * stride_vb + k_start.to(tl.int64) * stride_vs + (h // GROUP) * stride_vh
+        if TMA:
+            # tensor descriptors of this head's (rows, HEAD_DIM) slices: TMA reads 0 past the last row
+            desc_q = tl.make_tensor_descriptor(Q, shape=[Sq, HEAD_DIM], strides=[stride_qs, 1],
+                                               block_shape=[BLOCK_M, D_PAD])
+            desc_k = tl.make_tensor_descriptor(K, shape=[Sk, HEAD_DIM], strides=[stride_ks, 1],
+                                               block_shape=[BLOCK_N, D_PAD])
+            desc_v = tl.make_tensor_descriptor(V, shape=[Sk, HEAD_DIM], strides=[stride_vs, 1],
+                                               block_shape=[BLOCK_N, D_PAD])
+        else:
+            desc_q = Q
+            desc_k = K
+            desc_v = V
+        _fwd_tile(Q, K, V, Out, Lse, Prev, desc_q, desc_k, desc_v, 0, 0, 0, 0, b64, h, q_start, start_m,
+                  stride_qs, stride_ks, stride_vs, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
+                  Sq, Sk, q_offset, q_stride, k_offset, k_stride, qk_scale,
+                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, TMA, WARP_SPEC, RESUME)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -449,14 +502,19 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
     tile = config.tile_for("fwd", q.device, prob.d_pad, q.dtype, bool(causal))
     cu_q, cu_k = prob.cu_args(q.device)
     args = (q, k, v, out, lse, out, cu_q, cu_k, *prob.strides(q), *prob.strides(k), *prob.strides(v),
-            *prob.strides(out), *lse_strides, prob.max_q, prob.max_k, prob.heads, prob.heads // prob.kv_heads,
+            *prob.strides(out), *lse_strides, prob.max_q, prob.max_k, prob.batch, prob.heads,
+            prob.heads // prob.kv_heads,
             int(q_offset), int(q_stride), int(k_offset), int(k_stride), check_scale(softmax_scale) * LOG2E)
     # loads through tensor descriptors (TMA) where the table says so and the inputs allow it; the
     # warp-specialized kernel (always TMA) for the unmasked keys where the table says so, followed,
-    # if any tile needs a mask, by a launch for the masked keys that resumes from its (out, lse)
+    # if any tile needs a mask, by a launch for the masked keys that resumes from its (out, lse);
+    # the warp-specialized kernel runs persistent (one program per multiprocessor walking the
+    # query tiles) where the table says so for this many keys and the strides allow it
     descriptors = tma_ready(prob, q, k, v)
-    warp_spec = (descriptors and config.fwd_warp_spec(q.device, prob.d_pad, q.dtype, bool(causal))
-                 and warp_spec_ready(prob))
+    persistent = (descriptors and config.fwd_persistent(q.device, prob.d_pad, q.dtype, bool(causal), prob.max_k)
+                  and persistent_ready(prob, q, k, v))
+    warp_spec = (descriptors and warp_spec_ready(prob)
+                 and (persistent or config.fwd_warp_spec(q.device, prob.d_pad, q.dtype, bool(causal))))
     tma = descriptors and config.fwd_tma(q.device, prob.d_pad, q.dtype, bool(causal))
     kwargs = dict(HEAD_DIM=prob.head_dim, D_PAD=prob.d_pad, CAUSAL=bool(causal), VARLEN=prob.varlen,
                   DOT_PRECISION=dot_precision(q.dtype))
@@ -472,28 +530,45 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
             # the unmasked part's (out, lse), in float32 when the masked part continues from it
             part = out if (out_dtype == torch.float32 or not masked) else torch.empty(
                 q.shape, dtype=torch.float32, device=q.device)
-            if launch_split(_attn_fwd_kernel, grid, _with_outputs(args, part, part), dict(kwargs, TMA=True),
-                            ws_tile, _with_outputs(args, out, part) if masked else None,
-                            dict(kwargs, TMA=True, RESUME=True), tile, key):
-                return out, lse
+            # persistent if the table says so and it fits the shared memory (the float32 output's
+            # store buffer at D=128 does not), else one program per query tile
+            for pers in (True, False) if persistent else (False,):
+                if launch_split(_attn_fwd_kernel, grid, _with_outputs(args, part, part),
+                                dict(kwargs, TMA=True, PERSISTENT=pers), ws_tile,
+                                _with_outputs(args, out, part) if masked else None,
+                                dict(kwargs, TMA=True, RESUME=True), tile, key + (pers, part.dtype),
+                                ws_grid=_persistent_grid(grid, q.device) if pers else None):
+                    return out, lse
         launch(_attn_fwd_kernel, grid, args, dict(kwargs, TMA=tma), tile, key + (tma,))
     return out, lse
 
 
 def launch_split(kernel, grid, args: tuple, kwargs: dict, ws_tile: config.Tile, rest_args, rest_kwargs: dict,
-                 tile: config.Tile, key: tuple) -> bool:
-    """Run ``kernel`` with WARP_SPEC=True (its unmasked tiles, in ``ws_tile``), then, unless
-    ``rest_args`` is None, once more on ``rest_args`` with ``rest_kwargs`` (the tiles that need a
-    mask) in the same block sizes, so that both launches agree where masks start, and ``tile``'s
-    warps and stages. False, with nothing run, if ``ws_tile`` does not fit the device."""
+                 tile: config.Tile, key: tuple, ws_grid=None) -> bool:
+    """Run ``kernel`` with WARP_SPEC=True (its unmasked tiles, in ``ws_tile``, on ``ws_grid``, default
+    ``grid``), then, unless ``rest_args`` is None, once more on ``rest_args`` with ``rest_kwargs``
+    (the tiles that need a mask) in the same block sizes, so that both launches agree where masks
+    start, and ``tile``'s warps and stages. False, with nothing run, if ``ws_tile`` does not fit."""
+    if key + (ws_tile,) in _MISFITS:
+        return False
     try:  # its one tile only: other tiles are not validated with warp specialization
-        launch(kernel, grid, args, dict(kwargs, WARP_SPEC=True), ws_tile, key + ("ws",), fallback=())
-    except RuntimeError:   # does not fit this device's shared memory
+        launch(kernel, ws_grid or grid, args, dict(kwargs, WARP_SPEC=True), ws_tile, key + ("ws",), fallback=())
+    except RuntimeError:   # does not fit this device's shared memory: remember it
+        _MISFITS.add(key + (ws_tile,))
         return False
     if rest_args is not None:
         rest = config.Tile(ws_tile.block_m, ws_tile.block_n, tile.num_warps, tile.num_stages)
         launch(kernel, grid, rest_args, rest_kwargs, rest, key + ("rest",), fallback=())
     return True
+
+
+_MISFITS: set[tuple] = set()
+
+
+def _persistent_grid(grid, device: torch.device):
+    """``grid`` (query tiles x batch*heads) folded into one program per multiprocessor, or fewer."""
+    programs = multiprocessors(device)
+    return lambda t: (min(programs, grid(t)[0] * grid(t)[1]),)
 
 
 def _with_outputs(args: tuple, out: torch.Tensor, prev: torch.Tensor) -> tuple:
@@ -505,6 +580,34 @@ def warp_spec_ready(prob: _Problem) -> bool:
     """Whether the warp-specialized forward can run: dense inputs, and each (batch, head) row of the
     fresh contiguous lse starts 16-byte aligned (``Sq % 4 == 0``), as its descriptor store needs."""
     return not prob.varlen and prob.max_q % 4 == 0
+
+
+def persistent_ready(prob: _Problem, *tensors: torch.Tensor) -> bool:
+    """Whether the persistent kernel's descriptors over whole q/k/v-shaped tensors can address them:
+    rows of (batch, token) at one stride (batch stride = tokens * token stride, or one batch), each
+    token's heads side by side within its row (as in a contiguous (B, S, H, D) tensor)."""
+    if prob.varlen:
+        return False
+    for x in tensors:
+        batch, tokens, heads, dim = x.shape
+        if batch > 1 and x.stride(0) != tokens * x.stride(1):
+            return False
+        if (heads - 1) * x.stride(2) + dim > x.stride(1) or x.stride(2) < 0:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (the persistent grid's size); 4 off CUDA (the
+    interpreter), so that tests walk several tiles per program."""
+    if device.type != "cuda":
+        return 4
+    return _multiprocessors_of(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def every_key_visible(prob: _Problem, causal: bool, q_offset: int, k_offset: int, k_stride: int) -> bool:
