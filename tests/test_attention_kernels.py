@@ -418,7 +418,8 @@ def test_warp_specialized_dkdv_writes_fresh_buffers(monkeypatch):
 def test_warp_specialized_tiles_keep_two_stages():
     """triton 3.6's Hopper warp specialization races with 3 pipeline stages (NaN / changed
     gradients on an H200): no table tile of a warp-specialized kernel may ask for more than 2."""
-    tables = [(key, tile) for key, tile in attention_config._SM90_16BIT.items() if key[0].endswith("_ws")]
+    tables = [((key, causal), tile) for key, entry in attention_config._SM90_16BIT.items() if key[0].endswith("_ws")
+              for causal, tile in (entry.items() if isinstance(entry, dict) else [(None, entry)])]
     tables += [(key, tile) for key, tile in attention_config._GENERIC_16BIT.items() if key.endswith("_ws")]
     assert len(tables) >= 9
     for key, tile in tables:

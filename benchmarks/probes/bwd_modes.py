@@ -6,6 +6,9 @@ tile in one loop, each tile masked) with a few tile choices. Cells: head_dim
 step); B*S = 32K tokens, 16 heads, bf16. Prints the backward's TFLOP/s (2.5x the forward's FLOPs),
 which kernels ran, and each mode's largest relative difference (dq, dk, dv) from the plain mode;
 then forward+backward of the default modes against SDPA cuDNN in the same run.
+
+    PYTHONPATH=$PWD python3 benchmarks/probes/bwd_modes.py [seqlens [dims [modes]]]
+    e.g. ... bwd_modes.py 4096,32768 64 "default,kvws 128x128,kvws dq128x64w8"
 """
 import sys
 
@@ -25,6 +28,14 @@ MODES = {
     "ws both": dict(bwd_warp_spec=True),
     "ws kv only": dict(dkdv_warp_spec=True, dq_warp_spec=False),
 }
+# extra modes, picked by name with the third argument (comma-separated, from MODES and these)
+EXTRA = {
+    "kvws 128x128": dict(dkdv_warp_spec=True, dq_warp_spec=False, dkdv_ws=T(128, 128, 4, 2)),
+    "kvws 64x64": dict(dkdv_warp_spec=True, dq_warp_spec=False, dkdv_ws=T(64, 64, 4, 2)),
+    "kvws dq128x64w8": dict(dkdv_warp_spec=True, dq_warp_spec=False, dq=T(128, 64, 8, 3)),
+    "kvws dq64x64w4": dict(dkdv_warp_spec=True, dq_warp_spec=False, dq=T(64, 64, 4, 3)),
+    "kvws dq64x32w4": dict(dkdv_warp_spec=True, dq_warp_spec=False, dq=T(64, 32, 4, 3)),
+}
 
 
 def rel(a, b):
@@ -32,8 +43,12 @@ def rel(a, b):
 
 
 def main():
+    global MODES
     H = 16
     seqlens = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [8192, 32768]
+    dims = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [128, 64]
+    if len(sys.argv) > 3:
+        MODES = {name: (MODES | EXTRA)[name] for name in sys.argv[3].split(",")}
     paths, real = [], bwd_module.launch
 
     def recording(kernel, grid, args, kwargs, tile, *rest, **kw):
@@ -43,7 +58,7 @@ def main():
 
     bwd_module.launch = recording
     print("D   S      mask   | " + " | ".join(f"{m:>18}" for m in MODES))
-    for D in (128, 64):
+    for D in dims:
         for S in seqlens:
             B = 32768 // S
             for mask in ("full", "causal", "past"):
@@ -62,7 +77,11 @@ def main():
                     with config.override(**ov):
                         fn = lambda: attention_bwd(q, k, v, out, do, lse, delta, **kw)  # noqa: E731
                         paths.clear()
-                        grads = fn()
+                        try:
+                            grads = fn()
+                        except Exception as e:  # a tile that does not fit: show it, go on
+                            cells.append(f"{type(e).__name__}")
+                            continue
                         ran = ",".join(dict.fromkeys(paths))
                         if ref is None:
                             ref = grads
@@ -72,7 +91,7 @@ def main():
                 print(f"{D:<4}{S:<7}{mask:<7}| " + " | ".join(cells), flush=True)
 
     print("\nforward+backward (default modes) vs SDPA cuDNN, TFLOP/s (3.5x forward FLOPs)")
-    for D in (128, 64):
+    for D in dims:
         for S in seqlens:
             B = 32768 // S
             for causal in (False, True):

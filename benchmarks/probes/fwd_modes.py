@@ -2,6 +2,7 @@
 
 Modes of ``attention_fwd`` (``attention_config.override``):
   plain      the two-loop kernel (TMA loads where the table says so), no warp specialization;
+             plain-tma, plain-ptr: loads through descriptors, through pointers;
   ws-resume  warp-specialized over the unmasked tiles, then (if any tile needs a mask) a launch
              for the masked ones resuming from a float32 (out, lse), at any length;
   pers       warp-specialized and persistent (one program per multiprocessor walking the query
@@ -33,6 +34,8 @@ from ringsoftmax.kernels import attention_config as config
 from ringsoftmax.kernels.attention_fwd import attention_fwd
 
 MODES = {"plain": dict(fwd_warp_spec=False, fwd_persistent=False),
+         "plain-tma": dict(fwd_warp_spec=False, fwd_persistent=False, fwd_tma=True),
+         "plain-ptr": dict(fwd_warp_spec=False, fwd_persistent=False, fwd_tma=False),
          "ws-resume": dict(fwd_warp_spec=True, fwd_persistent=False, fwd_resume_min_keys=0),
          "pers": dict(fwd_persistent=True),
          "pers-resume": dict(fwd_persistent=True, fwd_resume_min_keys=0),

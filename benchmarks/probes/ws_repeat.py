@@ -6,7 +6,9 @@ and each dK/dV pipeline depth, every ring-step mask of the GPU tests (block pair
 128x517, 4096x4096) runs REPS times. Prints, per line, how many runs were bad and the first few
 (Sq, Sk, mask case, "nan" | "diff").
 
-    PYTHONPATH=$PWD python3 benchmarks/probes/ws_repeat.py 20
+    PYTHONPATH=$PWD python3 benchmarks/probes/ws_repeat.py 20 [block_m [stages,...]]
+
+(block_m: the dK/dV tile's query rows, default 64; stages: default 3,2.)
 """
 import sys
 
@@ -22,9 +24,13 @@ from ringsoftmax.kernels.attention_fwd import attention_fwd  # noqa: E402
 
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    block_m = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    depths = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [3, 2]
     dev = torch.device("cuda")
     for D, H, Hkv, dtype in ((128, 8, 2, torch.bfloat16), (128, 4, 1, torch.float16), (64, 8, 2, torch.bfloat16)):
-        for stages in (3, 2):
+        if block_m > 64 and D > 64:   # 128 query rows: a D=64 tile only (D=128 does not fit)
+            continue
+        for stages in depths:
             n_bad, n, where = 0, 0, set()
             for Sq, Sk in ((1000, 256), (128, 517), (4096, 4096)):
                 cases = [all_visible(Sk, c) for c in range(3)] + gpu_masks(Sq, Sk)
@@ -39,7 +45,7 @@ def main():
                     with attention_config.override(**MODES["tma+ws"]):
                         out, lse = attention_fwd(q, k, v, **kw)
                         delta = attention_delta(out, dout)
-                    tile = attention_config.Tile(64, 128, 4, stages)
+                    tile = attention_config.Tile(block_m, 128, 4, stages)
                     with attention_config.override(**MODES["tma+ws"], dkdv_ws=tile):
                         first = None
                         for _ in range(reps):
@@ -53,7 +59,7 @@ def main():
                             if nan or diff:
                                 n_bad += 1
                                 where.add((Sq, Sk, case, "nan" if nan else "diff"))
-            print(f"D={D} H={H} Hkv={Hkv} {dtype} dkdv_ws stages={stages}: {n_bad}/{n} runs bad "
+            print(f"D={D} H={H} Hkv={Hkv} {dtype} dkdv_ws {block_m}x128 stages={stages}: {n_bad}/{n} runs bad "
                   f"{sorted(where)[:8]}", flush=True)
 
 

@@ -51,7 +51,9 @@ _SM90_16BIT = {
     ("dkdv", 64): Tile(32, 64, 4, 3),
     ("dkdv", 128): Tile(64, 128, 8, 3),
     ("dkdv", 256): Tile(16, 64, 8, 2),
-    ("dq", 64): {False: Tile(128, 64, 8, 3), True: Tile(64, 64, 4, 3)},
+    # dq at D=64: 64x64 w4 was the causal tile beside the plain dK/dV kernel; beside the
+    # warp-specialized one 128x64 w8 gained 3-6% on causal blocks (session 7)
+    ("dq", 64): Tile(128, 64, 8, 3),
     ("dq", 128): Tile(128, 128, 8, 2),
     ("dq", 256): Tile(64, 32, 8, 2),
     # the warp-specialized forward (fwd_warp_spec): one producer warp and two 4-warp consumer
@@ -63,7 +65,9 @@ _SM90_16BIT = {
     # Every warp-specialized tile keeps 2 stages: with 3, triton 3.6's pipelines race on an H200
     # (dK/dV 64x128 at D=128: NaN or changed gradients in 15 of 600 repeated runs, 0 of 600 with 2;
     # the forward at D=64: NaN every run)
-    ("dkdv_ws", 64): Tile(64, 128, 4, 2),
+    # dK/dV at D=64: 128 query rows per step gained 3-5% on full blocks and lost ~10% on causal ones
+    # (every tile masked), H200 session 7, logs/2026-11-22-h200-attention-s7-bwd64-tiles.log
+    ("dkdv_ws", 64): {False: Tile(128, 128, 4, 2), True: Tile(64, 128, 4, 2)},
     ("dkdv_ws", 128): Tile(64, 128, 4, 2),
     ("dq_ws", 64): Tile(128, 128, 4, 2),
     ("dq_ws", 128): Tile(128, 64, 4, 2),
