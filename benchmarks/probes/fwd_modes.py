@@ -13,7 +13,10 @@ and, per ``--tiles``, a mode per extra tile: ``fwd:M,N,W,S`` (the plain kernel i
 (A third mode, one warp-specialized loop over every visible tile with each tile masked, measured
 2-10% below the better of plain and ws-resume for causal D=128 at 4K-32K, and was removed:
 logs/2026-11-22-h200-attention-s4-callA.log; persistent, it did no better in session 7:
-logs/2026-11-22-h200-attention-s7-fwd-modes-repeat3.log, modes ws-all and pers-all.)
+logs/2026-11-22-h200-attention-s7-fwd-modes-repeat3.log, modes ws-all and pers-all. The plain
+kernel persistent, 1 or 2 programs per multiprocessor: D=128 full +1-3% at 4K-8K (far below the
+warp-specialized table), causal 2-7% slower, D=64 25-30% slower:
+logs/2026-11-22-h200-attention-s7-fwd-persistent-plain.log; not kept.)
 Cells: head dims x masks (full, causal = the diagonal block, past = causal with every key before
 every query: a ring step) x tokens per sequence, B*S = 32K tokens, 16 heads, bf16. SDPA cuDNN in
 the same run. Prints TFLOP/s (causal counts half the work), each mode's error against cuDNN, and
