@@ -325,7 +325,7 @@ def test_cpu_forward_persistent_misfit(monkeypatch):
     from ringsoftmax.kernels import attention_fwd as fwd_module
     seen = kernel_paths(monkeypatch)
     real, tries = fwd_module.launch, []
-    fwd_module._MISFITS.clear()
+    monkeypatch.setattr(fwd_module, "_MISFITS", set())   # what this test learns stays here
 
     def no_room_for_persistent(kernel, grid, args, kwargs, *rest, **kw):
         if kwargs.get("PERSISTENT"):
@@ -340,13 +340,13 @@ def test_cpu_forward_persistent_misfit(monkeypatch):
             out, lse = attention_fwd(q, k, v, softmax_scale=0.2, out_dtype=torch.float32)
             check("out", out, oracle(q, k, v, 0.2, False, (0, 1), (0, 1))[0], TOL[torch.float16])
     assert of(seen, "fwd") == ["ws", "ws"] and len(tries) == 1
-    fwd_module._MISFITS.clear()
 
 
 def test_persistent_table():
     """The persistent forward: off on the CPU and for float32 unless overridden; the override wins."""
     cpu = torch.device("cpu")
     assert not attention_config.fwd_persistent(cpu, 128, torch.float16, False, 4096)
+    assert not attention_config.fwd_persistent(torch.device("cuda"), 128, torch.float32, False, 4096)
     with attention_config.override(fwd_persistent=True):
         assert attention_config.fwd_persistent(cpu, 128, torch.float16, False, 1 << 20)
     with attention_config.override(fwd_warp_spec=False):   # no warp-specialized forward at all
