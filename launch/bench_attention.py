@@ -6,8 +6,8 @@
 
 bf16, 16 heads, batch * seqlen = 32K tokens. TFLOP/s count 4*B*H*S^2*D for the forward (half of
 it when causal) and 3.5x that for forward+backward. Ours is ``attention_fwd`` for the forward and
-``attention_fwd + attention_delta + attention_bwd + cast of dq/dk/dv to bf16`` for forward+backward
-(what an autograd wrapper costs); peers run through autograd. Each cell is the median of
+``attention_fwd + attention_delta + attention_bwd`` with bf16 gradients for forward+backward (what
+``ringsoftmax.attention``'s autograd costs); peers run through autograd. Each cell is the median of
 ``triton.testing.do_bench`` (events). Peers that fail or are missing are printed as such.
 """
 from __future__ import annotations
@@ -55,8 +55,8 @@ def ours_fwd_bwd(q, k, v, do, causal):
     scale = q.shape[-1] ** -0.5
     out, lse = attention_fwd(q, k, v, softmax_scale=scale, causal=causal)
     delta = attention_delta(out, do)
-    dq, dk, dv = attention_bwd(q, k, v, out, do, lse, delta, softmax_scale=scale, causal=causal)
-    return out, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dq, dk, dv = attention_bwd(q, k, v, out, do, lse, delta, softmax_scale=scale, causal=causal, grad_dtype=q.dtype)
+    return out, dq, dk, dv
 
 
 # ----------------------------------------------------------------------------- peers

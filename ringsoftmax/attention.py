@@ -70,7 +70,8 @@ class AttentionFunction(torch.autograd.Function):
             # d lse / d s = p, so a gradient on lse enters as ds += p * dlse: fold it into delta.
             delta = delta - dlse.to(delta.dtype)
         kw = {key: val for key, val in ctx.block.items() if key != "out_dtype"}
-        dq, dk, dv = ops.attention_bwd(q, k, v, out, dout, lse, delta, **kw)
+        # gradients in the inputs' dtype, rounded once as the kernels write them
+        dq, dk, dv = ops.attention_bwd(q, k, v, out, dout, lse, delta, grad_dtype=q.dtype, **kw)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 

@@ -149,13 +149,20 @@ def attention_delta(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
 
 def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False, q_offset=0, q_stride=1,
                   k_offset=0, k_stride=1, dq=None, dk=None, dv=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                  max_seqlen_q=None, max_seqlen_k=None, chunk=CHUNK):
+                  max_seqlen_q=None, max_seqlen_k=None, grad_dtype=None, chunk=CHUNK):
     """Gradients of one block pair, recomputing P from q, k and the given lse.
 
     ``delta`` (B, H, Sq) is rowsum(dout * out) (minus the gradient of lse, if any). dq/dk/dv, when
     given, are float32 (or float64) tensors shaped like q/k/v that this adds into; otherwise zeros
-    are allocated. Returns (dq, dk, dv); dk/dv at the K/V head count.
+    are allocated, and the gradients they get are returned in ``grad_dtype`` if given (computed in
+    float32/float64, rounded once). Returns (dq, dk, dv); dk/dv at the K/V head count.
     """
+    if grad_dtype is not None:
+        new = [buf is None for buf in (dq, dk, dv)]
+        grads = attention_bwd(q, k, v, out, dout, lse, delta, softmax_scale=softmax_scale, causal=causal,
+                              q_offset=q_offset, q_stride=q_stride, k_offset=k_offset, k_stride=k_stride, dq=dq,
+                              dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, chunk=chunk)
+        return tuple(g.to(grad_dtype) if fresh else g for g, fresh in zip(grads, new))
     acc = accum_dtype(q.dtype, lse.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device) if dq is None else dq
     dk = torch.zeros(k.shape, dtype=acc, device=k.device) if dk is None else dk

@@ -280,6 +280,37 @@ def test_cpu_strided_accumulate_and_dlse(mode):
         assert torch.isfinite(buf).all()
 
 
+def check_grad_dtype(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos, k_pos, mode):
+    """grad_dtype=dtype: the new gradient buffers hold exactly the float32 gradients rounded once
+    (dQ by atomics is cast at the end); a given float32 buffer keeps float32, and so does its
+    partner dk/dv."""
+    q = rand(B, Sq, H, D, dtype=dtype, device=device, scale=1.5)
+    k = rand(B, Sk, Hkv, D, dtype=dtype, device=device, scale=1.5)
+    v = rand(B, Sk, Hkv, D, dtype=dtype, device=device)
+    dout = rand(B, Sq, H, D, dtype=dtype, device=device)
+    kw = dict(softmax_scale=D ** -0.5, causal=causal, q_offset=q_pos[0], q_stride=q_pos[1], k_offset=k_pos[0],
+              k_stride=k_pos[1])
+    with attention_config.override(**(MODES[mode] if mode else {})):
+        out, lse = attention_fwd(q, k, v, **kw)
+        delta = attention_delta(out, dout)
+        wide = attention_bwd(q, k, v, out, dout, lse, delta, **kw)
+        narrow = attention_bwd(q, k, v, out, dout, lse, delta, grad_dtype=dtype, **kw)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=device)
+        mixed = attention_bwd(q, k, v, out, dout, lse, delta, grad_dtype=dtype, dk=dk, **kw)
+    for name, w, n in zip(("dq", "dk", "dv"), wide, narrow):
+        assert n.dtype == dtype and torch.equal(n, w.to(dtype)), name
+    assert [g.dtype for g in mixed] == [dtype, torch.float32, torch.float32]
+    assert torch.equal(mixed[1], wide[1]) and torch.equal(mixed[2], wide[2])
+    with pytest.raises(TypeError, match="grad_dtype"):
+        attention_bwd(q, k, v, out, dout, lse, delta, grad_dtype=torch.int8, **kw)
+
+
+@pytest.mark.parametrize("mode", ["separate", "atomic", "tma+ws"])
+@pytest.mark.parametrize("causal,q_pos,k_pos", [CPU_MASKS[0], CPU_MASKS[2]])
+def test_cpu_grad_dtype(mode, causal, q_pos, k_pos):
+    check_grad_dtype(2, 36, 48, 4, 2, 32, torch.float16, CPU, causal, q_pos, k_pos, mode)
+
+
 @pytest.mark.parametrize("mode", ["tma+ws", "tma+ws+pers"])
 @pytest.mark.parametrize("case", [0, 1, 2])
 def test_cpu_forward_warp_spec(monkeypatch, case, mode):
@@ -504,6 +535,16 @@ def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv, mode):
         assert (fwd.count("pers") > 0) == mode.endswith("pers")
         for kernel in ("dkdv", "dq"):
             assert of(seen, kernel) == ["ws"] * runs, kernel
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_grad_dtype(D):
+    """bf16 gradients written by the default kernels (warp-specialized on Hopper) are the float32
+    ones rounded once, for full, causal and ring-step masks."""
+    for causal, q_pos, k_pos in gpu_masks(1000, 512)[:4]:
+        check_grad_dtype(2, 1000, 512, 8, 2, D, torch.bfloat16, torch.device("cuda"), causal, q_pos, k_pos, None)
 
 
 @gpu

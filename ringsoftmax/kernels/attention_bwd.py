@@ -191,7 +191,8 @@ def _dkdv_ws_steps(dk, dv, k, v, Q, DO, Lse, Delta, stride_qs, stride_ds, stride
 
 @triton.jit
 def _add_store(Ptr, x, rows, n_rows, row_stride, offs_d, HEAD_DIM: tl.constexpr, ACCUMULATE: tl.constexpr):
-    """Store (or add, if ACCUMULATE) a float32 (rows, D_PAD) tile into rows < n_rows, columns < HEAD_DIM.
+    """Store (or add, if ACCUMULATE) a float32 (rows, D_PAD) tile into rows < n_rows, columns < HEAD_DIM,
+    rounded to ``Ptr``'s dtype (float32 buffers, or 16-bit gradients asked for by ``grad_dtype``).
 
     Callers fold the tile's first row into ``Ptr`` and pass ``rows = arange(0, BLOCK)``: triton 3.6's
     Hopper warp specialization, splitting a tile's rows over two compute groups, offsets a
@@ -200,7 +201,7 @@ def _add_store(Ptr, x, rows, n_rows, row_stride, offs_d, HEAD_DIM: tl.constexpr,
     mask = (rows < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
     if ACCUMULATE:
         x += tl.load(ptrs, mask=mask, other=0.0)
-    tl.store(ptrs, x, mask=mask)
+    tl.store(ptrs, x.to(Ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["Sq", "Sk", "q_offset", "k_offset"])
@@ -435,12 +436,13 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, CuQ, CuK,
 
 
 # ----------------------------------------------------------------------------- host side
-def _grad_buffer(buf, like: torch.Tensor, name: str, zero: bool = False) -> tuple[torch.Tensor, bool]:
-    """(buffer, accumulate): the caller's float32 buffer shaped like ``like``, or a new one (zeroed
-    if ``zero``: atomics add into it)."""
+def _grad_buffer(buf, like: torch.Tensor, name: str, zero: bool = False,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, bool]:
+    """(buffer, accumulate): the caller's float32 buffer shaped like ``like``, or a new one of
+    ``dtype`` (zeroed if ``zero``: atomics add into it)."""
     if buf is None:
         alloc = torch.zeros if zero else torch.empty
-        return alloc(like.shape, dtype=torch.float32, device=like.device), zero
+        return alloc(like.shape, dtype=dtype, device=like.device), zero
     if buf.dtype != torch.float32 or buf.shape != like.shape or buf.device != like.device:
         raise ValueError(f"{name} must be float32 of shape {tuple(like.shape)} on {like.device}, got "
                          f"{buf.dtype} {tuple(buf.shape)} on {buf.device}")
@@ -456,7 +458,7 @@ def _check_rows(name: str, x: torch.Tensor, shape: tuple) -> None:
 
 def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False, q_offset=0, q_stride=1,
                   k_offset=0, k_stride=1, dq=None, dk=None, dv=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                  max_seqlen_q=None, max_seqlen_k=None):
+                  max_seqlen_q=None, max_seqlen_k=None, grad_dtype=None):
     """Gradients of one (query block, key/value block) pair, recomputing P from ``lse``.
 
     Args:
@@ -468,10 +470,14 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
             ``delta - dlse`` to also propagate a gradient of lse.
         dq, dk, dv: optional float32 buffers shaped like q, k, v (strided views allowed) that the
             gradients are ADDED into; new buffers when None.
+        grad_dtype: dtype of the new buffers (default float32). A 16-bit dtype gets the float32
+            gradients rounded once as the kernels write them, as a cast afterwards would, without
+            its extra pass (dQ by atomics stays float32 until the end; dK/dV when only one of dk, dv
+            is given stay float32).
 
     Returns:
-        (dq, dk, dv): float32, shaped like q, k, v; dk/dv at the K/V head count (summed over the
-        query heads of each GQA group).
+        (dq, dk, dv): shaped like q, k, v, in the buffers' dtype; dk/dv at the K/V head count
+        (summed over the query heads of each GQA group).
     """
     q, k, v, dout = (unit_last_stride(x) for x in (q, k, v, dout))
     prob = check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -483,9 +489,14 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
     causal = bool(causal)
     atomic = config.dq_by_atomics(q.device, prob.d_pad, q.dtype, causal)
     split_tail = config.dkdv_split_tail(q.device, prob.d_pad, q.dtype, causal)
-    dq, acc_q = _grad_buffer(dq, q, "dq", zero=atomic)
-    dk, acc_k = _grad_buffer(dk, k, "dk")
-    dv, acc_v = _grad_buffer(dv, v, "dv")
+    new_dtype = torch.float32 if grad_dtype is None else grad_dtype
+    if new_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"grad_dtype must be float16, bfloat16 or float32, got {grad_dtype}")
+    cast_dq = atomic and dq is None and new_dtype != torch.float32   # atomics add into float32
+    dq, acc_q = _grad_buffer(dq, q, "dq", zero=atomic, dtype=torch.float32 if atomic else new_dtype)
+    kv_dtype = new_dtype if dk is None and dv is None else torch.float32
+    dk, acc_k = _grad_buffer(dk, k, "dk", dtype=kv_dtype)
+    dv, acc_v = _grad_buffer(dv, v, "dv", dtype=kv_dtype)
     if acc_k != acc_v:  # one kernel writes both: give it the same mode
         (dv if acc_k else dk).zero_()
         acc_k = acc_v = True
@@ -529,7 +540,7 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
             dk.add_(dk_k)
             dv.add_(dv_k)
         if atomic:
-            return dq, dk, dv
+            return (dq.to(new_dtype) if cast_dq else dq), dk, dv
 
         # dQ per query tile
         grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
