@@ -311,6 +311,17 @@ def test_cpu_grad_dtype(mode, causal, q_pos, k_pos):
     check_grad_dtype(2, 36, 48, 4, 2, 32, torch.float16, CPU, causal, q_pos, k_pos, mode)
 
 
+@pytest.mark.parametrize("mode", ["separate", "atomic"])
+def test_cpu_grad_dtype_empty_queries(mode):
+    """No query rows: zero gradients, still in grad_dtype (dQ by atomics included)."""
+    q, k = rand(1, 0, 2, 16, dtype=torch.float16, device=CPU), rand(1, 5, 2, 16, dtype=torch.float16, device=CPU)
+    rows = torch.zeros(1, 2, 0)
+    with attention_config.override(**MODES[mode]):
+        grads = attention_bwd(q, k, k, q, q, rows, rows, softmax_scale=0.2, grad_dtype=torch.float16)
+    assert [g.dtype for g in grads] == [torch.float16] * 3
+    assert [g.shape for g in grads] == [q.shape, k.shape, k.shape] and not grads[1].any() and not grads[2].any()
+
+
 @pytest.mark.parametrize("mode", ["tma+ws", "tma+ws+pers"])
 @pytest.mark.parametrize("case", [0, 1, 2])
 def test_cpu_forward_warp_spec(monkeypatch, case, mode):

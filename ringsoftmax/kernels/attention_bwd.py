@@ -500,13 +500,12 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
     if acc_k != acc_v:  # one kernel writes both: give it the same mode
         (dv if acc_k else dk).zero_()
         acc_k = acc_v = True
-    if prob.batch == 0 or prob.heads == 0:
-        return dq, dk, dv
-    if prob.max_k == 0 or prob.max_q == 0:  # nothing to attend: the gradients are zero
+    if prob.batch == 0 or prob.heads == 0 or prob.max_k == 0 or prob.max_q == 0:
+        # nothing to attend: the gradients are zero
         for buf, acc in ((dq, acc_q), (dk, acc_k), (dv, acc_v)):
             if not acc:
                 buf.zero_()
-        return dq, dk, dv
+        return (dq.to(new_dtype) if cast_dq else dq), dk, dv
 
     rows_strides = (lambda x: (0, *x.stride())) if prob.varlen else (lambda x: x.stride())
     cu_q, cu_k = prob.cu_args(q.device)
