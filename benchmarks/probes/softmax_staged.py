@@ -45,7 +45,17 @@ def main():
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--total", type=int, default=1 << 28)
     ap.add_argument("--dirs", default="fwd,bwd")
+    ap.add_argument("--configs", default="",
+                    help="replace the configs of some (direction, element size): "
+                         "'fwd/4=4096:4:4:2:1,8192:8:3:1:1 bwd/2=...' (chunk:warps:stages:ahead:lag)")
+    ap.add_argument("--max-programs", type=int, default=S.MAX_PROGRAMS_PER_ROW,
+                    help="most programs per row (the kernel reads a row's partial words as one block)")
     args = ap.parse_args()
+    S.MAX_PROGRAMS_PER_ROW = args.max_programs
+    for group in args.configs.split():
+        key, cfgs = group.split("=")
+        direction, elem = key.split("/")
+        CONFIGS[(direction, int(elem))] = [tuple(map(int, c.split(":"))) for c in cfgs.split(",")]
     F.SPIN_MAX = 1 << 16  # a grid that is not resident gives up fast instead of stalling the run
     copy = copy_gbs()
     print(f"copy {copy:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
