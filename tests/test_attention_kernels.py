@@ -108,6 +108,8 @@ MODES = {
 }
 # the warp-specialized forward persistent (a grid of one program per multiprocessor; 4 on the CPU)
 MODES["tma+ws+pers"] = dict(MODES["tma+ws"], fwd_persistent=True)
+# the Gluon forward (Hopper) wherever it supports the block pair, the default table elsewhere
+MODES["gluon"] = dict(fwd_gluon=True)
 
 
 def kernel_paths(monkeypatch):
@@ -170,10 +172,15 @@ def run_and_check(B, Sq, Sk, H, Hkv, D, dtype, device, causal, q_pos=(0, 1), k_p
     tol = TOL[dtype]
     check("out", out, ref[0], tol)
     check_lse(lse, ref[1], LSE_ATOL[dtype])
+    nothing_visible = bool(torch.isneginf(ref[1]).all())
     for name, x, r in (("dq", dq, ref[2]), ("dk", dk, ref[3]), ("dv", dv, ref[4])):
         assert x.dtype == torch.float32 and x.shape == r.shape
-        if r.abs().max() == 0:  # nothing visible: exact zeros
+        if nothing_visible:  # exact zeros
             assert torch.equal(x, torch.zeros_like(x)), f"{name} must be 0 when no key is visible"
+        elif r.abs().max() == 0:
+            # rows that see one key have a constant softmax: the exact gradient is 0, the kernel's is
+            # dp - delta rounded (two float32 sums of the same products in different orders)
+            assert x.abs().max() <= 1e-4, f"{name}: {x.abs().max():.1e} where the exact gradient is 0"
         else:
             check(name, x, r, 2 * tol)
 
@@ -218,6 +225,14 @@ def test_cpu_tile_boundaries(q_off, k_off):
 @pytest.mark.parametrize("D,H,Hkv", [(16, 2, 1), (24, 2, 2), (64, 3, 3)])
 def test_cpu_head_dims(D, H, Hkv):
     run_and_check(2, 19, 23, H, Hkv, D, torch.float32, CPU, True, (6, 1), (0, 1))
+
+
+@pytest.mark.parametrize("mode", ["separate", "tma+ws+pers"])
+def test_cpu_single_key(mode):
+    """One key per block: every visible row's softmax is that key alone (its exact gradient wrt q
+    and k is 0), under every kind of ring-step mask."""
+    for causal, q_pos, k_pos in gpu_masks(40, 1):
+        run_and_check(2, 40, 1, 4, 2, 32, torch.float16, CPU, causal, q_pos, k_pos, mode=mode)
 
 
 def test_cpu_invisible_block():
@@ -396,6 +411,36 @@ def test_persistent_table():
     assert all(most >= 4096 for most in attention_config._SM90_FWD_PERSISTENT_MAX_KEYS.values())
 
 
+def test_gluon_table(monkeypatch):
+    """The Gluon forward: Hopper 16-bit D=128 at any length, D=64 from 8K keys; off for float32, on
+    the CPU, and under any override of the Triton forward's tiles or modes, unless asked for."""
+    from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(attention_config, "cuda_major", lambda device: 9)
+    fwd_gluon = attention_config.fwd_gluon
+    assert fwd_gluon(cuda, 128, torch.bfloat16, True, 1) and fwd_gluon(cuda, 128, torch.float16, False, 1 << 20)
+    assert not fwd_gluon(cuda, 64, torch.bfloat16, False, 8191) and fwd_gluon(cuda, 64, torch.bfloat16, True, 8192)
+    assert not fwd_gluon(cuda, 256, torch.bfloat16, False, 8192) and not fwd_gluon(cuda, 128, torch.float32, False, 1)
+    assert not fwd_gluon(cpu, 128, torch.bfloat16, False, 4096)
+    for mode in ("tma+ws", "tma+ws+pers", "separate", "tma"):
+        with attention_config.override(**MODES[mode]):
+            assert not fwd_gluon(cuda, 128, torch.bfloat16, False, 4096), mode
+    with attention_config.override(fwd_gluon=False):
+        assert not fwd_gluon(cuda, 128, torch.bfloat16, False, 4096)
+    with attention_config.override(fwd_gluon=True, fwd_tma=True):
+        assert fwd_gluon(cuda, 256, torch.bfloat16, False, 1)
+    monkeypatch.setattr(attention_config, "cuda_major", lambda device: 8)
+    assert not fwd_gluon(cuda, 128, torch.bfloat16, False, 4096)
+    # what the kernel computes: 16-bit in and out, D 64 or 128, unit position strides if causal
+    q = torch.empty(1, 8, 2, 128, dtype=torch.bfloat16)
+    assert gluon_fwd.supports(q, 128, True, 1, 1, torch.bfloat16)
+    assert gluon_fwd.supports(q, 128, False, 4, 4, torch.bfloat16)
+    assert not gluon_fwd.supports(q, 128, True, 4, 4, torch.bfloat16)
+    assert not gluon_fwd.supports(q, 128, False, 1, 1, torch.float32)
+    assert not gluon_fwd.supports(q, 96, False, 1, 1, torch.bfloat16)
+    assert not gluon_fwd.supports(q.float(), 128, False, 1, 1, torch.float32)
+
+
 @pytest.mark.parametrize("mode,out_dtype", [("tma+ws", None), ("tma+ws", torch.float32), ("tma+ws+pers", None),
                                             ("tma+ws+pers", torch.float32)])
 @pytest.mark.parametrize("causal,q_pos,k_pos", CPU_MASKS)
@@ -513,7 +558,7 @@ GPU_SHAPES = [  # (dtype, head_dim, heads, kv_heads)
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["separate", "atomic", "split", "tma", "tma+ws", "tma+ws+pers"])
+@pytest.mark.parametrize("mode", ["separate", "atomic", "split", "tma", "tma+ws", "tma+ws+pers", "gluon"])
 @pytest.mark.parametrize("dtype,D,H,Hkv", GPU_SHAPES)
 def test_gpu_masks(dtype, D, H, Hkv, mode):
     Sq, Sk = 301, 517
@@ -546,6 +591,68 @@ def test_gpu_warp_spec(monkeypatch, dtype, D, H, Hkv, mode):
         assert (fwd.count("pers") > 0) == mode.endswith("pers")
         for kernel in ("dkdv", "dq"):
             assert of(seen, kernel) == ["ws"] * runs, kernel
+
+
+def gluon_launches(monkeypatch):
+    """Record the block pairs the Gluon forward ran, as (Sq, Sk, causal, delta)."""
+    from ringsoftmax.kernels import attention_fwd as fwd_module
+    seen, real = [], fwd_module.gluon_fwd.launch
+
+    def recording(q, k, v, out, lse, **kw):
+        real(q, k, v, out, lse, **kw)
+        seen.append((q.shape[1], k.shape[1], kw["causal"], kw["delta"]))
+
+    monkeypatch.setattr(fwd_module.gluon_fwd, "launch", recording)
+    return seen
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,D,H,Hkv", [(torch.bfloat16, 128, 8, 2), (torch.bfloat16, 64, 4, 4),
+                                           (torch.float16, 128, 4, 1), (torch.float16, 64, 8, 1)])
+def test_gpu_gluon_forward(monkeypatch, dtype, D, H, Hkv):
+    """The Gluon forward (Hopper) on odd lengths, every unit-stride ring-step mask (offsets that
+    leave rows with no visible key, blocks with nothing visible), GQA, and a packed qkv tensor; the
+    stripe masks (stride 4) go to the Triton kernels. Values and lse against float64, gradients
+    through the Triton backward from its (out, lse)."""
+    seen = gluon_launches(monkeypatch)
+    dev = torch.device("cuda")
+    expect = 0
+    for Sq, Sk in ((301, 517), (1000, 256), (128, 1), (4100, 4100)):
+        for causal, q_pos, k_pos in gpu_masks(Sq, Sk):
+            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, causal, q_pos, k_pos, mode="gluon")
+            expect += q_pos[1] == 1
+    if torch.cuda.get_device_capability()[0] != 9:
+        assert not seen
+        return
+    assert len(seen) == expect and any(not c for _, _, c, _ in seen) and any(d < 0 for _, _, _, d in seen)
+    # q, k, v as slices of one packed (B, S, 3, H, D) tensor: token stride 3 * H * D
+    qkv = rand(2, 777, 3, H, D, dtype=dtype, device=dev, scale=1.5)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1, :Hkv], qkv[:, :, 2, :Hkv]
+    for causal in (False, True):
+        with attention_config.override(fwd_gluon=True):
+            out, lse = attention_fwd(q, k, v, softmax_scale=D ** -0.5, causal=causal)
+        ref = oracle(q, k, v, D ** -0.5, causal)
+        check("out", out, ref[0], TOL[dtype])
+        check_lse(lse, ref[1], LSE_ATOL[dtype])
+    assert len(seen) == expect + 2
+
+
+@gpu
+@needs_cuda
+def test_gpu_gluon_repeatable():
+    """The Gluon forward's pipeline (two K/V slots, released by both compute warpgroups) gives the
+    same bits over repeated runs, causal and not, with many key tiles per query tile."""
+    dev = torch.device("cuda")
+    q = rand(2, 4096, 8, 128, dtype=torch.bfloat16, device=dev, scale=1.5)
+    k, v = (rand(2, 4096, 2, 128, dtype=torch.bfloat16, device=dev) for _ in range(2))
+    for causal in (False, True):
+        with attention_config.override(fwd_gluon=True):
+            first = attention_fwd(q, k, v, softmax_scale=128 ** -0.5, causal=causal)
+            assert torch.isfinite(first[0]).all()
+            for _ in range(30):
+                again = attention_fwd(q, k, v, softmax_scale=128 ** -0.5, causal=causal)
+                assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), causal
 
 
 @gpu

@@ -12,7 +12,8 @@ Three kernels read the table:
 - ``dq``:   one program per ``block_m`` query rows, looping over keys ``block_n`` at a time;
 
 and each has a warp-specialized variant for its unmasked tiles on Hopper (``fwd_ws``, ``dkdv_ws``,
-``dq_ws``: ``fwd_warp_spec``, ``bwd_warp_spec``).
+``dq_ws``: ``fwd_warp_spec``, ``bwd_warp_spec``). On Hopper the forward of 16-bit dense blocks runs
+a Gluon kernel instead where ``fwd_gluon`` says so (its tile is fixed, see ``attention_fwd_gluon``).
 
 The backward computes dQ either in its own kernel (``dq``: recomputes QK^T and dO V^T, 7 matmuls
 in all) or inside the dK/dV kernel with float32 atomic adds (5 matmuls, order of the additions not
@@ -113,6 +114,15 @@ _SM90_FWD_PERSISTENT_MAX_KEYS: dict[int, int] = {128: 8192}
 # keys, resuming from a float32 (out, lse)) only with at least this many keys: on an H200 at
 # D=128 causal it gained 6% at 32K and 3% at 16K keys, and lost 11% at 4K.
 _SM90_FWD_RESUME_MIN_KEYS = 16384
+# Padded head dims -> fewest keys for which the Hopper forward runs the Gluon kernel instead
+# (``attention_fwd_gluon``: warp-specialized by hand, the softmax under the P V matmul, masked tiles
+# in the same loop), where it supports the problem. H200, bf16, 16 heads, B*S = 32K (session 8,
+# logs/2026-11-22-h200-attention-s8-gluon-overlap.log): D=128 553-631 TFLOP/s at 4K-32K tokens,
+# causal and not, against 423-603 for the Triton kernels; D=64 +5-9% from 8K keys (415-463 against
+# 387-427), 2-8% slower at 4K.
+_SM90_FWD_GLUON_MIN_KEYS: dict[int, int] = {128: 0, 64: 8192}
+# Overrides that ask for a particular Triton forward (tests, probes): they turn the Gluon one off.
+_TRITON_FWD_MODES = ("fwd", "fwd_ws", "fwd_tma", "fwd_warp_spec", "fwd_persistent", "fwd_resume_min_keys")
 # Padded head dims for which the Hopper backward runs its warp-specialized kernels (TMA loads, one
 # loop over every visible tile split into a load warp and two compute groups, each tile masked),
 # per kernel, each with the shortest query/key block (the smaller of the two) that takes them.
@@ -212,6 +222,18 @@ def fwd_persistent(device: torch.device, head_dim_pad: int, dtype: torch.dtype, 
     return most is not None and n_keys <= most and _sm90_flag("", {head_dim_pad}, device, head_dim_pad, dtype)
 
 
+def fwd_gluon(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool, n_keys: int) -> bool:
+    """Whether the forward runs the Gluon kernel on a block of ``n_keys`` keys, where the kernel
+    supports the problem (``attention_fwd.gluon_ready``). Override: ``fwd_gluon``; overriding any of
+    the Triton forward's tiles or modes turns it off, so that those overrides reach the Triton kernels."""
+    if "fwd_gluon" in _OVERRIDE:
+        return _sm90_flag("fwd_gluon", (), device, head_dim_pad, dtype)
+    if any(mode in _OVERRIDE for mode in _TRITON_FWD_MODES):
+        return False
+    least = _SM90_FWD_GLUON_MIN_KEYS.get(head_dim_pad)
+    return least is not None and n_keys >= least and _sm90_flag("", {head_dim_pad}, device, head_dim_pad, dtype)
+
+
 def fwd_resume_min_keys(device: torch.device) -> int:
     """Fewest keys for which a masked block pair takes the warp-specialized forward (two launches)."""
     if "fwd_resume_min_keys" in _OVERRIDE:
@@ -223,11 +245,11 @@ def fwd_resume_min_keys(device: torch.device) -> int:
 def override(**tiles):
     """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``, ``dkdv_ws=``, ``dq_ws=``: Tile) or
     modes (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``, ``fwd_persistent=``,
-    ``bwd_warp_spec=``: bool;
+    ``fwd_gluon=``, ``bwd_warp_spec=``: bool;
     ``fwd_resume_min_keys=``: int; ``dkdv_warp_spec=``, ``dq_warp_spec=``: bool, each backward kernel
     alone) instead of the table, e.g. to tune or to test every mode."""
     unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws", "dq_ws", "dq_atomic", "dkdv_split_tail",
-                            "fwd_tma", "fwd_warp_spec", "fwd_persistent", "fwd_resume_min_keys",
+                            "fwd_tma", "fwd_warp_spec", "fwd_persistent", "fwd_gluon", "fwd_resume_min_keys",
                             "bwd_warp_spec", "dkdv_warp_spec", "dq_warp_spec"}
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}")

@@ -27,6 +27,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from . import attention_config as config
+from . import attention_fwd_gluon as gluon_fwd
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -499,6 +500,13 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
         lse_strides = lse.stride()
     if q.numel() == 0 or prob.batch == 0 or prob.max_q == 0:
         return out, lse
+    if (config.fwd_gluon(q.device, prob.d_pad, q.dtype, bool(causal), prob.max_k)
+            and gluon_ready(prob, q, k, v, causal, q_stride, k_stride, out_dtype)):
+        # Hopper, 16-bit dense blocks: the hand-scheduled Gluon kernel, masked tiles included
+        with descriptor_scratch():
+            gluon_fwd.launch(q, k, v, out, lse, qk_scale=check_scale(softmax_scale) * LOG2E, causal=bool(causal),
+                             delta=int(q_offset) - int(k_offset))
+        return out, lse
     tile = config.tile_for("fwd", q.device, prob.d_pad, q.dtype, bool(causal))
     cu_q, cu_k = prob.cu_args(q.device)
     args = (q, k, v, out, lse, out, cu_q, cu_k, *prob.strides(q), *prob.strides(k), *prob.strides(v),
@@ -574,6 +582,15 @@ def _persistent_grid(grid, device: torch.device):
 def _with_outputs(args: tuple, out: torch.Tensor, prev: torch.Tensor) -> tuple:
     """The forward kernel's arguments with ``Out`` and ``Prev`` replaced (same shape and strides)."""
     return args[:3] + (out, args[4], prev) + args[6:]
+
+
+def gluon_ready(prob: _Problem, q, k, v, causal: bool, q_stride: int, k_stride: int, out_dtype) -> bool:
+    """Whether the Gluon forward (``attention_fwd_gluon``) computes this block pair: a Hopper GPU,
+    dense 16-bit inputs with a 16-bit output, head dim 64 or 128, TMA-ready strides, and unit
+    position strides if causal (any offsets)."""
+    return (q.is_cuda and gluon_fwd.gluon is not None and config.cuda_major(q.device) == 9 and not prob.varlen
+            and gluon_fwd.supports(q, prob.head_dim, bool(causal), q_stride, k_stride, out_dtype)
+            and tma_ready(prob, q, k, v))
 
 
 def warp_spec_ready(prob: _Problem) -> bool:

@@ -1,0 +1,70 @@
+"""Probe: variants of the Gluon attention forward against the library forward (with and without it) and cuDNN.
+
+Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,32768] [--dims 128,64]
+                   [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:consumer registers:overlap)
+bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
+difference from cuDNN's, and lse's from the library's Triton kernels.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+
+
+def main():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ringsoftmax.kernels.attention_fwd import attention_fwd
+    from ringsoftmax.kernels import attention_config
+    from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqlens", default="4096,8192,32768")
+    ap.add_argument("--dims", default="128,64")
+    ap.add_argument("--configs", default="128:2:232:1,128:2:232:0")
+    ap.add_argument("--heads", type=int, default=16)
+    args = ap.parse_args()
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=60, return_mode="median")  # noqa: E731
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
+    print("D | causal | S | variant | TFLOP/s | out err vs cuDNN | lse err vs library")
+    for D in map(int, args.dims.split(",")):
+        for S in map(int, args.seqlens.split(",")):
+            B, H = max(1, 32768 // S), args.heads
+            q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            for causal in (False, True):
+                flops = 4 * B * H * S * S * D / (2 if causal else 1)
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    sd = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+                    ref = sd().transpose(1, 2).float()
+                    t = bench(sd)
+                print(f"{D} | {causal} | {S} | cudnn | {flops / t / 1e9:.0f} | - | -", flush=True)
+                lib = lambda: attention_fwd(q, k, v, softmax_scale=D ** -0.5, causal=causal)  # noqa: E731
+                for name, use in (("library", None), ("library, Triton kernels", False)):
+                    with attention_config.override(**({} if use is None else dict(fwd_gluon=use))):
+                        t = bench(lib)
+                        out, lse_ref = lib()
+                    print(f"{D} | {causal} | {S} | {name} | {flops / t / 1e9:.0f} | "
+                          f"{(out.float() - ref).abs().max().item():.1e} | -", flush=True)
+                out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
+                for cfg in args.configs.split(","):
+                    bn, st, regs, ov = map(int, cfg.split(":"))
+                    name = f"gluon-ws 128x{bn} st{st} r{regs}{' overlap' if ov else ''}"
+                    try:
+                        f = lambda: gluon_fwd.launch(q, k, v, out, lse, qk_scale=D ** -0.5 * 1.4426950408889634,  # noqa: E731
+                                                     causal=causal, overlap=ov == 1, block_n=bn, stages=st,
+                                                     consumer_regs=regs)
+                        f()
+                        torch.cuda.synchronize()
+                        t = bench(f)
+                        print(f"{D} | {causal} | {S} | {name} | {flops / t / 1e9:.0f} | "
+                              f"{(out.float() - ref).abs().max().item():.1e} | "
+                              f"{(lse - lse_ref).abs().max().item():.1e}", flush=True)
+                    except Exception as e:  # noqa: BLE001 - report and go on
+                        print(f"{D} | {causal} | {S} | {name} | error {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
