@@ -1,7 +1,7 @@
 """Probe: variants of the Gluon attention forward against the library forward (with and without it) and cuDNN.
 
 Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,32768] [--dims 128,64]
-                   [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:consumer registers:overlap)
+                   [--configs 128:2:232,64:2:232]   (block_n:stages:compute registers)
 bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
 difference from cuDNN's, and lse's from the library's Triton kernels.
 """
@@ -22,7 +22,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlens", default="4096,8192,32768")
     ap.add_argument("--dims", default="128,64")
-    ap.add_argument("--configs", default="128:2:232:1,128:2:232:0")
+    ap.add_argument("--configs", default="128:2:232,64:2:232")
     ap.add_argument("--heads", type=int, default=16)
     args = ap.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -49,13 +49,13 @@ def main():
                     print(f"{D} | {causal} | {S} | {name} | {flops / t / 1e9:.0f} | "
                           f"{(out.float() - ref).abs().max().item():.1e} | -", flush=True)
                 out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
+                qk_scale = D ** -0.5 * 1.4426950408889634
                 for cfg in args.configs.split(","):
-                    bn, st, regs, ov = map(int, cfg.split(":"))
-                    name = f"gluon-ws 128x{bn} st{st} r{regs}{' overlap' if ov else ''}"
+                    bn, st, regs = map(int, cfg.split(":"))
+                    name = f"gluon 128x{bn} st{st} r{regs}"
                     try:
-                        f = lambda: gluon_fwd.launch(q, k, v, out, lse, qk_scale=D ** -0.5 * 1.4426950408889634,  # noqa: E731
-                                                     causal=causal, overlap=ov == 1, block_n=bn, stages=st,
-                                                     consumer_regs=regs)
+                        f = lambda: gluon_fwd.launch(q, k, v, out, lse, qk_scale=qk_scale, causal=causal,  # noqa: E731
+                                                     block_n=bn, stages=st, consumer_regs=regs)
                         f()
                         torch.cuda.synchronize()
                         t = bench(f)
