@@ -1,4 +1,4 @@
-"""Triton kernels only (one in Gluon, Triton's explicit-layout dialect): one concern per file, each
+"""Triton kernels only (two in Gluon, Triton's explicit-layout dialect): one concern per file, each
 with its kernels and a small launcher.
 
 Nothing here imports from the layers above (softmax.py, attention.py, ring.py). Every launcher takes
@@ -18,6 +18,9 @@ Files and launchers:
   kernel, CUDA only; ``softmax_fwd`` / ``softmax_bwd`` call it through ``staged_split``).
 - ``attention_fwd.py``: ``attention_fwd(q, k, v, ...) -> (out, lse)`` for one (query block, key
   block) pair with causal masking by global positions.
+- ``attention_fwd_gluon.py``: the Hopper forward for 16-bit dense blocks (a Gluon kernel, CUDA only;
+  ``attention_fwd`` calls its ``launch`` where ``gluon_ready`` and the table say so).
+- ``attention_config.py``: the per-device table of tiles and modes the attention launchers read.
 - ``attention_bwd.py``: ``attention_bwd(q, k, v, out, dout, lse, delta, ...) -> (dq, dk, dv)``.
 - ``merge.py``: ``merge_(acc_out, acc_lse, out_b, lse_b)``, the fused in-place LSE merge.
 """
