@@ -412,7 +412,7 @@ def test_persistent_table():
 
 
 def test_gluon_table(monkeypatch):
-    """The Gluon forward: Hopper 16-bit D=128 at any length, D=64 from 8K keys; off for float32, on
+    """The Gluon forward: Hopper 16-bit D=128 at any length, D=64 from 8K keys; off for float32 inputs, on
     the CPU, and under any override of the Triton forward's tiles or modes, unless asked for."""
     from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -436,7 +436,8 @@ def test_gluon_table(monkeypatch):
     assert gluon_fwd.supports(q, 128, True, 1, 1, torch.bfloat16)
     assert gluon_fwd.supports(q, 128, False, 4, 4, torch.bfloat16)
     assert not gluon_fwd.supports(q, 128, True, 4, 4, torch.bfloat16)
-    assert not gluon_fwd.supports(q, 128, False, 1, 1, torch.float32)
+    assert gluon_fwd.supports(q, 128, True, 1, 1, torch.float32)      # the ring's block outputs
+    assert not gluon_fwd.supports(q, 128, False, 1, 1, torch.float16)
     assert not gluon_fwd.supports(q, 96, False, 1, 1, torch.bfloat16)
     assert not gluon_fwd.supports(q.float(), 128, False, 1, 1, torch.float32)
 
@@ -612,8 +613,8 @@ def gluon_launches(monkeypatch):
                                            (torch.float16, 128, 4, 1), (torch.float16, 64, 8, 1)])
 def test_gpu_gluon_forward(monkeypatch, dtype, D, H, Hkv):
     """The Gluon forward (Hopper) on odd lengths, every unit-stride ring-step mask (offsets that
-    leave rows with no visible key, blocks with nothing visible), GQA, and a packed qkv tensor; the
-    stripe masks (stride 4) go to the Triton kernels. Values and lse against float64, gradients
+    leave rows with no visible key, blocks with nothing visible), GQA, a packed qkv tensor, and
+    float32 outputs; the stripe masks (stride 4) go to the Triton kernels. Values and lse against float64, gradients
     through the Triton backward from its (out, lse)."""
     seen = gluon_launches(monkeypatch)
     dev = torch.device("cuda")
@@ -635,7 +636,19 @@ def test_gpu_gluon_forward(monkeypatch, dtype, D, H, Hkv):
         ref = oracle(q, k, v, D ** -0.5, causal)
         check("out", out, ref[0], TOL[dtype])
         check_lse(lse, ref[1], LSE_ATOL[dtype])
-    assert len(seen) == expect + 2
+    # float32 outputs, as the ring's forward steps ask, under the unit-stride ring-step masks
+    masks = [m for m in gpu_masks(1000, 256) if m[1][1] == 1]
+    for causal, q_pos, k_pos in masks:
+        q = rand(2, 1000, H, D, dtype=dtype, device=dev, scale=1.5)
+        k, v = (rand(2, 256, Hkv, D, dtype=dtype, device=dev, scale=1.5) for _ in range(2))
+        kw = dict(softmax_scale=D ** -0.5, causal=causal, q_offset=q_pos[0], k_offset=k_pos[0])
+        with attention_config.override(fwd_gluon=True):
+            out, lse = attention_fwd(q, k, v, out_dtype=torch.float32, **kw)
+        assert out.dtype == torch.float32
+        ref = oracle(q, k, v, D ** -0.5, causal, q_pos, k_pos)
+        check("out", out, ref[0], TOL[dtype] / 2)
+        check_lse(lse, ref[1], LSE_ATOL[dtype])
+    assert len(seen) == expect + 2 + len(masks)
 
 
 @gpu

@@ -20,9 +20,10 @@ Triton 3.6 specifics: partitions take no constexpr arguments (sizes come from th
 and shared-memory shapes are powers of two.
 
 Layouts: q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with unit last stride and 16-byte aligned rows
-(TMA), bfloat16 / float16, D = 64 or 128; out (B, Sq, H, D) in q's dtype and lse (B, H, Sq) float32
-(natural log), both contiguous; causal: query i sees key j iff j <= i + delta. Rows with no visible
-key get out = 0, lse = -inf. One program per 128-row query tile (heaviest first when causal).
+(TMA), bfloat16 / float16, D = 64 or 128; out (B, Sq, H, D) in q's dtype or float32 (the ring's
+block outputs) and lse (B, H, Sq) float32 (natural log), both contiguous; causal: query i sees key
+j iff j <= i + delta. Rows with no visible key get out = 0, lse = -inf. One program per 128-row
+query tile (heaviest first when causal).
 """
 from __future__ import annotations
 
@@ -83,10 +84,11 @@ if gluon is not None:
             _issue_tile(v_desc, j * BLOCK_N, 0, bars.index(Q_SLOTS + STAGES + slot), v_s.index(slot))
 
     @gluon.jit
-    def _ws_consumer(part: gl.constexpr, q_desc, o_desc, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full,
-                     n_tiles, qk_scale, delta, causal):
+    def _ws_consumer(part: gl.constexpr, q_desc, o_desc, o_ptr, stride_os, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh,
+                     start_m, n_full, n_tiles, qk_scale, delta, causal):
         """One compute warpgroup: query rows [start_m + part * 64, + 64), every key tile; it loads
-        its rows of Q itself (and stores its rows of O through the same buffer). S_j = Q K_j^T and
+        its rows of Q itself and stores its rows of O through the same buffer (16-bit O, ``o_desc``)
+        or by pointers from ``o_ptr`` (float32 O, the ring's block outputs). S_j = Q K_j^T and
         O += P_{j-1} V_{j-1} are in flight together and the softmax of S_j runs under the second
         (see the module doc)."""
         Q_SLOTS: gl.constexpr = q_s.shape[0]
@@ -151,9 +153,15 @@ if gluon is not None:
         # epilogue: normalize, store these rows through their part of the query buffer, lse
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         o = o / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-        q_p.store(o.to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [row0, 0], q_p)
+        if o_ptr.dtype.element_ty == dtype:
+            q_p.store(o.to(dtype))
+            fence_async_shared()
+            _tma_store(o_desc, [row0, 0], q_p)
+        else:
+            rows_o = row0 + gl.arange(0, ROWS, gl.SliceLayout(1, o_layout))
+            cols_o = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+            gl.store(o_ptr + rows_o.to(gl.int64)[:, None] * stride_os + cols_o[None, :],
+                     o.to(o_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
         lse = gl.where(l_i > 0.0, (m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))) * 0.6931471805599453,
                        float("-inf"))
         offs_m = row0 + rows
@@ -162,16 +170,16 @@ if gluon is not None:
 
     # the compute partitions, one per warpgroup (partitions take no constexpr arguments)
     @gluon.jit
-    def _ws_consumer0(q_desc, o_desc, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full, n_tiles, qk_scale,
-                      delta, causal):
-        _ws_consumer(0, q_desc, o_desc, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full, n_tiles,
-                     qk_scale, delta, causal)
+    def _ws_consumer0(q_desc, o_desc, o_ptr, stride_os, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full,
+                      n_tiles, qk_scale, delta, causal):
+        _ws_consumer(0, q_desc, o_desc, o_ptr, stride_os, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m,
+                     n_full, n_tiles, qk_scale, delta, causal)
 
     @gluon.jit
-    def _ws_consumer1(q_desc, o_desc, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full, n_tiles, qk_scale,
-                      delta, causal):
-        _ws_consumer(1, q_desc, o_desc, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full, n_tiles,
-                     qk_scale, delta, causal)
+    def _ws_consumer1(q_desc, o_desc, o_ptr, stride_os, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full,
+                      n_tiles, qk_scale, delta, causal):
+        _ws_consumer(1, q_desc, o_desc, o_ptr, stride_os, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m,
+                     n_full, n_tiles, qk_scale, delta, causal)
 
     @gluon.jit(do_not_specialize=["Sq", "Sk", "delta"])
     def _gl_attn_fwd_ws_kernel(Q, K, V, Out, Lse, Sq, Sk, H, GROUP,
@@ -202,8 +210,11 @@ if gluon is not None:
                                             [stride_ks, 1], [BLOCK_N, HEAD_DIM], kv_smem)
         v_desc = tma.make_tensor_descriptor(V + b * stride_vb + (h // GROUP) * stride_vh, [Sk, HEAD_DIM],
                                             [stride_vs, 1], [BLOCK_N, HEAD_DIM], kv_smem)
-        o_desc = tma.make_tensor_descriptor(Out + b * stride_ob + h * stride_oh, [Sq, HEAD_DIM], [stride_os, 1],
-                                            [64, HEAD_DIM], q_smem)
+        o_ptr = Out + b * stride_ob + h * stride_oh
+        if Out.dtype.element_ty == dtype:   # 16-bit O leaves through a query slot and TMA
+            o_desc = tma.make_tensor_descriptor(o_ptr, [Sq, HEAD_DIM], [stride_os, 1], [64, HEAD_DIM], q_smem)
+        else:   # float32 O by pointers (the descriptor argument is then unused)
+            o_desc = q_desc
         # key tiles: [0, n_full) every row sees, [n_full, n_tiles) masked (causal diagonal, a partial
         # last tile); causal: query i sees key j iff j <= i + delta
         if CAUSAL:
@@ -227,8 +238,8 @@ if gluon is not None:
             mbarrier.init(bars.index(Q_SLOTS + 2 * STAGES + i), count=Q_SLOTS)  # freed by both warpgroups
             mbarrier.init(bars.index(Q_SLOTS + 3 * STAGES + i), count=Q_SLOTS)
         fence_async_shared()
-        consumer_args = (q_desc, o_desc, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full, n_tiles, qk_scale,
-                         delta, 1 if CAUSAL else 0)
+        consumer_args = (q_desc, o_desc, o_ptr, stride_os, q_s, k_s, v_s, bars, Lse, Sq, Sk, bh, start_m, n_full,
+                         n_tiles, qk_scale, delta, 1 if CAUSAL else 0)
         producer_args = (k_desc, v_desc, q_s, k_s, v_s, bars, n_tiles)
         gl.warp_specialize([(_ws_consumer0, consumer_args), (_ws_consumer1, consumer_args),
                             (_ws_producer, producer_args)], [4, 1], [CONSUMER_REGS, 40])
@@ -240,19 +251,20 @@ _DTYPES = (torch.float16, torch.bfloat16)
 
 
 def supports(q: torch.Tensor, head_dim: int, causal: bool, q_stride: int, k_stride: int, out_dtype) -> bool:
-    """Whether the kernel computes this problem (beyond ``available`` and TMA-ready strides): 16-bit
-    inputs and output, head dim 64 or 128, and, if causal, unit position strides."""
-    return (q.dtype in _DTYPES and out_dtype == q.dtype and head_dim in HEAD_DIMS
+    """Whether the kernel computes this problem (beyond a Hopper GPU and TMA-ready strides): 16-bit
+    inputs, the output in their dtype or float32, head dim 64 or 128, and, if causal, unit position
+    strides."""
+    return (q.dtype in _DTYPES and out_dtype in (q.dtype, torch.float32) and head_dim in HEAD_DIMS
             and (not causal or (int(q_stride) == 1 and int(k_stride) == 1)))
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
            qk_scale: float, causal: bool, delta: int = 0, block_n: int = BLOCK_N, stages: int = STAGES,
            consumer_regs: int = CONSUMER_REGS) -> None:
-    """Fill ``out`` (B, Sq, H, D) and ``lse`` (B, H, Sq) contiguous from q (B, Sq, H, D), k, v
-    (B, Sk, H_kv, D), 16-bit with 16-byte aligned rows; ``qk_scale`` includes log2(e); causal: query i
-    sees key j iff j <= i + delta. Needs a global-scratch allocator for the on-device descriptors
-    (``attention_fwd.descriptor_scratch``). The sizes are for probes."""
+    """Fill ``out`` (B, Sq, H, D; q's dtype or float32) and ``lse`` (B, H, Sq), contiguous, from q
+    (B, Sq, H, D), k, v (B, Sk, H_kv, D), 16-bit with 16-byte aligned rows; ``qk_scale`` includes
+    log2(e); causal: query i sees key j iff j <= i + delta. Needs a global-scratch allocator for the
+    on-device descriptors (``attention_fwd.descriptor_scratch``). The sizes are for probes."""
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     grid = (triton.cdiv(Sq, BLOCK_M), B * H)
