@@ -412,8 +412,9 @@ def test_persistent_table():
 
 
 def test_gluon_table(monkeypatch):
-    """The Gluon forward: Hopper 16-bit D=128 at any length, D=64 from 8K keys; off for float32 inputs, on
-    the CPU, and under any override of the Triton forward's tiles or modes, unless asked for."""
+    """The Gluon forward: Hopper 16-bit D=128 at any length, D=64 from 8K keys; off for float32
+    inputs, on the CPU, and under any override of the Triton forward's tiles or modes, unless asked
+    for."""
     from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr(attention_config, "cuda_major", lambda device: 9)
@@ -431,7 +432,8 @@ def test_gluon_table(monkeypatch):
         assert fwd_gluon(cuda, 256, torch.bfloat16, False, 1)
     monkeypatch.setattr(attention_config, "cuda_major", lambda device: 8)
     assert not fwd_gluon(cuda, 128, torch.bfloat16, False, 4096)
-    # what the kernel computes: 16-bit in and out, D 64 or 128, unit position strides if causal
+    # what the kernel computes: 16-bit in, their dtype or float32 out, D 64 or 128, unit position
+    # strides if causal
     q = torch.empty(1, 8, 2, 128, dtype=torch.bfloat16)
     assert gluon_fwd.supports(q, 128, True, 1, 1, torch.bfloat16)
     assert gluon_fwd.supports(q, 128, False, 4, 4, torch.bfloat16)
@@ -614,8 +616,8 @@ def gluon_launches(monkeypatch):
 def test_gpu_gluon_forward(monkeypatch, dtype, D, H, Hkv):
     """The Gluon forward (Hopper) on odd lengths, every unit-stride ring-step mask (offsets that
     leave rows with no visible key, blocks with nothing visible), GQA, a packed qkv tensor, and
-    float32 outputs; the stripe masks (stride 4) go to the Triton kernels. Values and lse against float64, gradients
-    through the Triton backward from its (out, lse)."""
+    float32 outputs; the stripe masks (stride 4) go to the Triton kernels. Values and lse against
+    float64, gradients through the Triton backward from its (out, lse)."""
     seen = gluon_launches(monkeypatch)
     dev = torch.device("cuda")
     expect = 0

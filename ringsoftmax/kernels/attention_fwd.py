@@ -502,7 +502,7 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
         return out, lse
     if (config.fwd_gluon(q.device, prob.d_pad, q.dtype, bool(causal), prob.max_k)
             and gluon_ready(prob, q, k, v, causal, q_stride, k_stride, out_dtype)):
-        # Hopper, 16-bit dense blocks: the hand-scheduled Gluon kernel, masked tiles included
+        # Hopper, 16-bit dense blocks: the hand-scheduled Gluon kernel, masked tiles included (one launch)
         with descriptor_scratch():
             gluon_fwd.launch(q, k, v, out, lse, qk_scale=check_scale(softmax_scale) * LOG2E, causal=bool(causal),
                              delta=int(q_offset) - int(k_offset))
@@ -586,8 +586,8 @@ def _with_outputs(args: tuple, out: torch.Tensor, prev: torch.Tensor) -> tuple:
 
 def gluon_ready(prob: _Problem, q, k, v, causal: bool, q_stride: int, k_stride: int, out_dtype) -> bool:
     """Whether the Gluon forward (``attention_fwd_gluon``) computes this block pair: a Hopper GPU,
-    dense 16-bit inputs with a 16-bit output, head dim 64 or 128, TMA-ready strides, and unit
-    position strides if causal (any offsets)."""
+    dense 16-bit inputs, the output in their dtype or float32, head dim 64 or 128, TMA-ready
+    strides, and unit position strides if causal (any offsets)."""
     return (q.is_cuda and gluon_fwd.gluon is not None and config.cuda_major(q.device) == 9 and not prob.varlen
             and gluon_fwd.supports(q, prob.head_dim, bool(causal), q_stride, k_stride, out_dtype)
             and tma_ready(prob, q, k, v))

@@ -37,7 +37,6 @@ try:  # Gluon ships with triton >= 3.5 (the GPU machines have 3.6)
                                                                   warpgroup_mma_wait)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 except ImportError:  # pragma: no cover - older triton
     gluon = None
 
