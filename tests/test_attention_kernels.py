@@ -412,17 +412,19 @@ def test_persistent_table():
 
 
 def test_gluon_table(monkeypatch):
-    """The Gluon forward: Hopper 16-bit D=128 at any length, D=64 from 8K keys; off for float32
-    inputs, on the CPU, and under any override of the Triton forward's tiles or modes, unless asked
-    for."""
+    """The Gluon forward: Hopper 16-bit D=64 and 128 at any length; off for float32 inputs, on the
+    CPU, and under any override of the Triton forward's tiles or modes, unless asked for. Its grid
+    of units: a 128-row query tile each, or a pair of them when causal (odd counts round up)."""
     from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr(attention_config, "cuda_major", lambda device: 9)
     fwd_gluon = attention_config.fwd_gluon
     assert fwd_gluon(cuda, 128, torch.bfloat16, True, 1) and fwd_gluon(cuda, 128, torch.float16, False, 1 << 20)
-    assert not fwd_gluon(cuda, 64, torch.bfloat16, False, 8191) and fwd_gluon(cuda, 64, torch.bfloat16, True, 8192)
+    assert fwd_gluon(cuda, 64, torch.bfloat16, False, 1) and fwd_gluon(cuda, 64, torch.bfloat16, True, 8192)
     assert not fwd_gluon(cuda, 256, torch.bfloat16, False, 8192) and not fwd_gluon(cuda, 128, torch.float32, False, 1)
     assert not fwd_gluon(cpu, 128, torch.bfloat16, False, 4096)
+    q = torch.empty(2, 300, 3, 64)   # 3 query tiles per (batch, head)
+    assert gluon_fwd.grid_size(q, False, persistent=False) == 18 and gluon_fwd.grid_size(q, True, persistent=False) == 12
     for mode in ("tma+ws", "tma+ws+pers", "separate", "tma"):
         with attention_config.override(**MODES[mode]):
             assert not fwd_gluon(cuda, 128, torch.bfloat16, False, 4096), mode
@@ -668,6 +670,44 @@ def test_gpu_gluon_repeatable():
             for _ in range(30):
                 again = attention_fwd(q, k, v, softmax_scale=128 ** -0.5, causal=causal)
                 assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), causal
+
+
+@gpu
+@needs_cuda
+def test_gpu_gluon_grids():
+    """The Gluon forward's persistent grid (programs walking several query tiles: Q buffers and K/V
+    slots carried across tiles, causal units paired heaviest with lightest, an odd tile count) gives
+    the bits of a grid of one program per unit, on q/k/v from a (B, H, S, D) layout (head stride
+    S * D), with 16-bit and float32 outputs; and matches float64. Blocks with no key give zeros and
+    lse = -inf."""
+    from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
+    from ringsoftmax.kernels.attention_fwd import descriptor_scratch
+    if torch.cuda.get_device_capability()[0] != 9 or gluon_fwd.gluon is None:
+        pytest.skip("the Gluon forward runs on Hopper only")
+    dev = torch.device("cuda")
+    for D, S, causal, delta in ((64, 4100, True, 0), (128, 2000, False, 0), (128, 3000, True, -300)):
+        q = rand(3, 6, S, D, dtype=torch.bfloat16, device=dev, scale=1.5).transpose(1, 2)
+        k, v = (rand(3, 2, S, D, dtype=torch.bfloat16, device=dev).transpose(1, 2) for _ in range(2))
+        assert gluon_fwd.grid_size(q, causal) < gluon_fwd.grid_size(q, causal, persistent=False)
+        for out_dtype in (torch.bfloat16, torch.float32):
+            outs = []
+            for persistent in (True, False):
+                out = torch.full(q.shape, float("nan"), dtype=out_dtype, device=dev)
+                lse = torch.full((3, 6, S), float("nan"), device=dev)
+                with descriptor_scratch():
+                    gluon_fwd.launch(q, k, v, out, lse, qk_scale=D ** -0.5 * 1.4426950408889634, causal=causal,
+                                     delta=delta, persistent=persistent)
+                outs.append((out, lse))
+            assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), (D, S, causal)
+            ref = oracle(q, k, v, D ** -0.5, causal, (delta, 1), (0, 1))
+            check("out", outs[0][0], ref[0], TOL[torch.bfloat16])
+            check_lse(outs[0][1], ref[1], LSE_ATOL[torch.bfloat16])
+    # no key at all: every row sees nothing
+    q = rand(2, 300, 4, 64, dtype=torch.bfloat16, device=dev)
+    k = v = torch.empty(2, 0, 4, 64, dtype=torch.bfloat16, device=dev)
+    with attention_config.override(fwd_gluon=True):
+        out, lse = attention_fwd(q, k, v, softmax_scale=0.125)
+    assert torch.equal(out, torch.zeros_like(q)) and bool((lse == float("-inf")).all())
 
 
 @gpu

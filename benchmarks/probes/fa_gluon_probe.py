@@ -1,7 +1,7 @@
 """Probe: variants of the Gluon attention forward against the library forward (with and without it) and cuDNN.
 
 Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,32768] [--dims 128,64]
-                   [--configs 128:2:232,64:2:232]   (block_n:stages:compute registers)
+                   [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:compute registers[:persistent])
 bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
 difference from cuDNN's, and lse's from the library's Triton kernels.
 """
@@ -22,7 +22,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlens", default="4096,8192,32768")
     ap.add_argument("--dims", default="128,64")
-    ap.add_argument("--configs", default="128:2:232,64:2:232")
+    ap.add_argument("--configs", default="128:2:232:1,128:2:232:0")
     ap.add_argument("--heads", type=int, default=16)
     args = ap.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -51,11 +51,12 @@ def main():
                 out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
                 qk_scale = D ** -0.5 * 1.4426950408889634
                 for cfg in args.configs.split(","):
-                    bn, st, regs = map(int, cfg.split(":"))
-                    name = f"gluon 128x{bn} st{st} r{regs}"
+                    bn, st, regs, pers = (list(map(int, cfg.split(":"))) + [1])[:4]
+                    name = f"gluon 128x{bn} st{st} r{regs}" + (" persistent" if pers else " grid of units")
                     try:
                         f = lambda: gluon_fwd.launch(q, k, v, out, lse, qk_scale=qk_scale, causal=causal,  # noqa: E731
-                                                     block_n=bn, stages=st, consumer_regs=regs)
+                                                     block_n=bn, stages=st, consumer_regs=regs,
+                                                     persistent=bool(pers))
                         f()
                         torch.cuda.synchronize()
                         t = bench(f)

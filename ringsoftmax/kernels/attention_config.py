@@ -116,11 +116,12 @@ _SM90_FWD_PERSISTENT_MAX_KEYS: dict[int, int] = {128: 8192}
 _SM90_FWD_RESUME_MIN_KEYS = 16384
 # Padded head dims -> fewest keys for which the Hopper forward runs the Gluon kernel instead
 # (``attention_fwd_gluon``: warp-specialized by hand, the softmax under the P V matmul, masked tiles
-# in the same loop), where it supports the problem. H200, bf16, 16 heads, B*S = 32K (session 8,
-# logs/2026-11-22-h200-attention-s8-gluon-overlap.log): D=128 553-631 TFLOP/s at 4K-32K tokens,
-# causal and not, against 423-603 for the Triton kernels; D=64 +5-9% from 8K keys (415-463 against
-# 387-427), 2-8% slower at 4K.
-_SM90_FWD_GLUON_MIN_KEYS: dict[int, int] = {128: 0, 64: 8192}
+# in the same loop, a persistent grid), where it supports the problem. H200, bf16, 16 heads,
+# B*S = 32K (session 9, logs/2026-11-22-h200-attention-s9-gluon-persistent.log): D=128 551-622
+# TFLOP/s at 4K-32K tokens, causal and not, against 425-553 for the Triton kernels; D=64 429-477
+# against 373-432. (Session 8's grid of one program per query tile was 2-8% slower than the Triton
+# kernel at D=64 4K: the persistent grid hides each tile's start and end.)
+_SM90_FWD_GLUON_MIN_KEYS: dict[int, int] = {128: 0, 64: 0}
 # Overrides that ask for a particular Triton forward (tests, probes): they turn the Gluon one off.
 _TRITON_FWD_MODES = ("fwd", "fwd_ws", "fwd_tma", "fwd_warp_spec", "fwd_persistent", "fwd_resume_min_keys")
 # Padded head dims for which the Hopper backward runs its warp-specialized kernels (TMA loads, one
