@@ -2,12 +2,14 @@
 
 Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,32768] [--dims 128,64]
                    [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:compute registers[:persistent])
-bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
+``--modules name=path,...`` also times other copies of the kernel module (e.g. a commit's version),
+each with its own defaults. bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
 difference from cuDNN's, and lse's from the library's Triton kernels.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import torch
 import triton
@@ -24,7 +26,14 @@ def main():
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--configs", default="128:2:232:1,128:2:232:0")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--modules", default="")
     args = ap.parse_args()
+    others = {}
+    for entry in filter(None, args.modules.split(",")):
+        name, path = entry.split("=")
+        spec = importlib.util.spec_from_file_location(f"gluon_probe_{name}", path)
+        others[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(others[name])
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=60, return_mode="median")  # noqa: E731
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
@@ -50,7 +59,15 @@ def main():
                           f"{(out.float() - ref).abs().max().item():.1e} | -", flush=True)
                 out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
                 qk_scale = D ** -0.5 * 1.4426950408889634
-                for cfg in args.configs.split(","):
+                for mname, mod in others.items():
+                    f = lambda: mod.launch(q, k, v, out, lse, qk_scale=qk_scale, causal=causal)  # noqa: E731
+                    f()
+                    torch.cuda.synchronize()
+                    t = bench(f)
+                    print(f"{D} | {causal} | {S} | module {mname} | {flops / t / 1e9:.0f} | "
+                          f"{(out.float() - ref).abs().max().item():.1e} | "
+                          f"{(lse - lse_ref).abs().max().item():.1e}", flush=True)
+                for cfg in filter(None, args.configs.split(",")):
                     bn, st, regs, pers = (list(map(int, cfg.split(":"))) + [1])[:4]
                     name = f"gluon 128x{bn} st{st} r{regs}" + (" persistent" if pers else " grid of units")
                     try:
