@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - older triton
 
 
 if gluon is not None:
+    TILE_M = gl.constexpr(128)  # query rows per tile: two compute warpgroups of 64
 
     @gluon.jit
     def _issue_tile(desc, coord, bar, dst):
@@ -136,7 +137,7 @@ if gluon is not None:
         for w in range(_n_items(n_m, BH, causal)):
             bh, m, valid = _item(w, n_m, causal)
             if valid:
-                n_full, n_tiles = _key_tiles(m * 128, Sk, delta, causal, 128, BLOCK_N)
+                n_full, n_tiles = _key_tiles(m * TILE_M, Sk, delta, causal, TILE_M, BLOCK_N)
                 b = bh // H
                 hk = (bh % H) // GROUP
                 for j in range(n_tiles):
@@ -172,7 +173,7 @@ if gluon is not None:
         n_items = _n_items(n_m, BH, causal)
         if n_items > 0:  # the first tile's Q rows (item 0 is always a tile)
             bh0, m0, valid0 = _item(0, n_m, causal)
-            _issue_tile(q_desc, [bh0 // H, m0 * 128 + part * ROWS, bh0 % H, 0], q_bar.index(2 * part),
+            _issue_tile(q_desc, [bh0 // H, m0 * TILE_M + part * ROWS, bh0 % H, 0], q_bar.index(2 * part),
                         _tile_view(q_s.index(2 * part)))
         g = 0  # key tiles walked so far (their slots and phases)
         c = 0  # query tiles done so far (their Q buffers and phases)
@@ -181,16 +182,16 @@ if gluon is not None:
             if valid:
                 b = bh // H
                 h = bh % H
-                row0 = m * 128 + part * ROWS
+                row0 = m * TILE_M + part * ROWS
                 q_p = q_s.index(2 * part + c % 2)
                 # start the next tile's Q rows into the other buffer (its last reader finished)
                 nb, nm, nvalid = _item(w + 1, n_m, causal)
                 step = gl.where(nvalid, 1, 2)
                 nb, nm, nvalid = _item(w + step, n_m, causal)
                 if w + step < n_items:
-                    _issue_tile(q_desc, [nb // H, nm * 128 + part * ROWS, nb % H, 0],
+                    _issue_tile(q_desc, [nb // H, nm * TILE_M + part * ROWS, nb % H, 0],
                                 q_bar.index(2 * part + (c + 1) % 2), _tile_view(q_s.index(2 * part + (c + 1) % 2)))
-                n_full, n_tiles = _key_tiles(m * 128, Sk, delta, causal, 128, BLOCK_N)
+                n_full, n_tiles = _key_tiles(m * TILE_M, Sk, delta, causal, TILE_M, BLOCK_N)
                 # the last key each row sees (tile 0's columns): causal i + delta, and always before Sk
                 lim0 = gl.where(causal != 0, gl.minimum(row0 + rows + delta, Sk - 1), Sk - 1)
                 m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -278,7 +279,7 @@ if gluon is not None:
         program per unit, or a persistent one): a load warp and two compute warpgroups of 64 rows
         (the kernel's own 4 warps and a worker) sharing the K/V slots. (Three warpgroups of 64 rows,
         as FlashAttention-3 takes at D=64, measured 10-15% slower here.)"""
-        gl.static_assert(BLOCK_M == 128, "two compute warpgroups of 64 rows")
+        gl.static_assert(BLOCK_M == TILE_M, "two compute warpgroups of 64 rows")
         dtype: gl.constexpr = Q.dtype.element_ty
         tile_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM], dtype)
         box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=tile_smem.swizzle_byte_width,
