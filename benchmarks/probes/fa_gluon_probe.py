@@ -9,6 +9,7 @@ difference from cuDNN's, and lse's from the library's Triton kernels.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 
 import torch
@@ -59,21 +60,17 @@ def main():
                           f"{(out.float() - ref).abs().max().item():.1e} | -", flush=True)
                 out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
                 qk_scale = D ** -0.5 * 1.4426950408889634
-                for mname, mod in others.items():
-                    f = lambda: mod.launch(q, k, v, out, lse, qk_scale=qk_scale, causal=causal)  # noqa: E731
-                    f()
-                    torch.cuda.synchronize()
-                    t = bench(f)
-                    print(f"{D} | {causal} | {S} | module {mname} | {flops / t / 1e9:.0f} | "
-                          f"{(out.float() - ref).abs().max().item():.1e} | "
-                          f"{(lse - lse_ref).abs().max().item():.1e}", flush=True)
+                variants = [(f"module {mname}", functools.partial(mod.launch, q, k, v, out, lse, qk_scale=qk_scale,
+                                                                   causal=causal))
+                            for mname, mod in others.items()]
                 for cfg in filter(None, args.configs.split(",")):
                     bn, st, regs, pers = (list(map(int, cfg.split(":"))) + [1])[:4]
-                    name = f"gluon 128x{bn} st{st} r{regs}" + (" persistent" if pers else " grid of units")
+                    variants.append((f"gluon 128x{bn} st{st} r{regs}" + (" persistent" if pers else " grid of units"),
+                                     functools.partial(gluon_fwd.launch, q, k, v, out, lse, qk_scale=qk_scale,
+                                                       causal=causal, block_n=bn, stages=st, consumer_regs=regs,
+                                                       persistent=bool(pers))))
+                for name, f in variants:
                     try:
-                        f = lambda: gluon_fwd.launch(q, k, v, out, lse, qk_scale=qk_scale, causal=causal,  # noqa: E731
-                                                     block_n=bn, stages=st, consumer_regs=regs,
-                                                     persistent=bool(pers))
                         f()
                         torch.cuda.synchronize()
                         t = bench(f)
@@ -82,7 +79,6 @@ def main():
                               f"{(lse - lse_ref).abs().max().item():.1e}", flush=True)
                     except Exception as e:  # noqa: BLE001 - report and go on
                         print(f"{D} | {causal} | {S} | {name} | error {type(e).__name__}: {str(e)[:300]}", flush=True)
-
 
 if __name__ == "__main__":
     main()
