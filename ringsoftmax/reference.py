@@ -52,10 +52,11 @@ def normalize(x: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> torch.Tensor
     return (e / torch.where(s == 0, torch.ones_like(s), s).unsqueeze(-1)).to(x.dtype)
 
 
-def softmax_fwd(x: torch.Tensor):
-    """(M, N) -> (y (M, N) in x.dtype, lse (M,) float32): softmax of each row and its log-sum-exp."""
+def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
+    """(M, N) -> (y (M, N) in x.dtype, lse (M,) float32, or None without ``with_lse``): softmax of
+    each row and its log-sum-exp."""
     m, s = row_stats(x)
-    return normalize(x, m, s), stats_to_lse(m, s)
+    return normalize(x, m, s), stats_to_lse(m, s) if with_lse else None
 
 
 def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:

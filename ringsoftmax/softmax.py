@@ -44,16 +44,16 @@ def lse_shape(x: torch.Tensor, dim: int):
 
 
 class SoftmaxFunction(torch.autograd.Function):
-    """(x, dim) -> (y, lse); backward dx = y * (dy - rowsum(dy * y) + dlse)."""
+    """(x, dim, with_lse) -> (y, lse, or None without with_lse); backward dx = y * (dy - rowsum(dy * y) + dlse)."""
 
     @staticmethod
-    def forward(ctx, x, dim):
+    def forward(ctx, x, dim, with_lse):
         rows = to_rows(x, dim)
-        y, lse = softmax_ops(rows).softmax_fwd(rows)
+        y, lse = softmax_ops(rows).softmax_fwd(rows, with_lse)
         ctx.save_for_backward(y)
         ctx.dim, ctx.shape = dim, x.shape
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
-        return from_rows(y, x, dim), lse.reshape(lse_shape(x, dim))
+        return from_rows(y, x, dim), None if lse is None else lse.reshape(lse_shape(x, dim))
 
     @staticmethod
     def backward(ctx, dy, dlse):
@@ -67,7 +67,7 @@ class SoftmaxFunction(torch.autograd.Function):
             delta = ops.row_dot(y, dy_rows)
             delta = delta - dlse.reshape(-1).to(delta.dtype)
         dx = ops.softmax_bwd(y, dy_rows, delta)
-        return from_rows(dx, like, ctx.dim), None
+        return from_rows(dx, like, ctx.dim), None, None
 
 
 def softmax_with_lse(x: torch.Tensor, dim: int = -1):
@@ -81,9 +81,11 @@ def softmax_with_lse(x: torch.Tensor, dim: int = -1):
         float64 input), natural log. An all ``-inf`` row gives y = 0 and lse = -inf.
     """
     dim = check_softmax_input(x, dim, "softmax_with_lse")
-    return SoftmaxFunction.apply(x, dim)
+    return SoftmaxFunction.apply(x, dim, True)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Softmax along ``dim`` (see ``softmax_with_lse``); differentiable."""
-    return softmax_with_lse(x, dim)[0]
+    """Softmax along ``dim`` (see ``softmax_with_lse``; lse is not written where that saves a store);
+    differentiable."""
+    dim = check_softmax_input(x, dim, "softmax")
+    return SoftmaxFunction.apply(x, dim, False)[0]

@@ -105,6 +105,33 @@ def test_fwd_rows_cpu(n, dtype, poisoned):
 
 
 @cpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rows_exact_tiles_cpu(dtype, poisoned):
+    """Rows the tiles cover exactly run without masks (EVEN): 8 rows of 128, -inf entries, an all -inf row."""
+    x = make_x(8, 128, dtype, "cpu")
+    block_m, block_n, _, _ = F.tile_config(8, 128, x.element_size())
+    assert F.rows_tile_args(8, 128, block_m, block_n, (128, 128))["EVEN"]
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    check_stats(x, *F.row_stats(x))
+    y_only, none = F.softmax_fwd(x, with_lse=False)   # the rows kernel without its lse store
+    assert none is None and torch.equal(y_only, y)
+    yb, dy = softmax_pair(8, 128, dtype, "cpu")
+    check_bwd(yb, dy, B.softmax_bwd(yb, dy), TOL[dtype])
+
+
+def test_rows_tile_args():
+    """Masks only where tiles overhang the rows; 64-bit offsets once any offset (padding rows too) needs them."""
+    assert F.rows_tile_args(8, 128, 8, 128, (128,))["EVEN"]
+    assert not F.rows_tile_args(5, 128, 8, 128, (128,))["EVEN"]      # rows overhang
+    assert not F.rows_tile_args(8, 100, 8, 128, (100,))["EVEN"]      # columns overhang
+    assert not F.rows_tile_args(8, 128, 8, 128, (128,))["OFFS64"]
+    assert F.rows_tile_args(2**21 + 1, 1024, 1, 1024, (1024,))["OFFS64"]
+    assert F.rows_tile_args(3, 16, 4, 16, (2**30,))["OFFS64"]         # a large row stride, padding row included
+    assert not F.rows_tile_args(2**21 - 1, 1024, 1, 1024, (1024,))["OFFS64"]
+
+
+@cpu_only
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n", [127, 1000, 4097])
@@ -225,6 +252,19 @@ def test_bwd_rows_cpu(n, dtype, poisoned):
 
 
 @cpu_only
+@pytest.mark.parametrize("chunk", [None, 32])
+@pytest.mark.parametrize("m, n", [(4, 127), (8, 128), (3, 1000)])
+def test_bwd_rows_reload_cpu(m, n, chunk, poisoned, monkeypatch):
+    """The backward rows kernel with whole rows in registers (None), or summing in 32-column pieces
+    and reading them again for dx."""
+    monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
+    for dtype in (torch.float32, torch.float16):
+        y, dy = softmax_pair(m, n, dtype, "cpu")
+        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+        assert rel_err(B.row_dot(y, dy), (y.double() * dy.double()).sum(-1)) <= 1e-5
+
+
+@cpu_only
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n", [127, 1000, 4097])
@@ -278,6 +318,8 @@ def test_fwd_gpu(n, dtype, path, poisoned, monkeypatch):
     y, lse = F.softmax_fwd(x)
     check_fwd(x, y, lse, TOL[dtype])
     check_stats(x, *F.row_stats(x))
+    y_only, none = F.softmax_fwd(x, with_lse=False)
+    assert none is None and torch.equal(y_only, y)
     assert F.sync_failures("cuda") == 0
 
 
@@ -333,6 +375,17 @@ def test_bwd_gpu(n, dtype, path, poisoned, monkeypatch):
     assert rel_err(delta, (y.double() * dy.double()).sum(-1)) <= 1e-5
     check_bwd(y, dy, B.softmax_bwd(y, dy, delta), TOL[dtype], delta=delta)
     assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [None, 4096, 2**15])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m, n", [(37, 1000), (64, 16384), (5, 32767)])
+def test_bwd_rows_reload_gpu(m, n, dtype, chunk, poisoned, monkeypatch):
+    """The backward rows kernel with whole rows in registers, or summing in pieces and reading again."""
+    monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
+    y, dy = softmax_pair(m, n, dtype, "cuda")
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
 
 
 @pytest.mark.gpu

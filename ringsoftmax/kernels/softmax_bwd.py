@@ -5,7 +5,8 @@ one write (dx). The regimes and knobs are those of ``softmax_fwd.py`` (its ``ROW
 ``PERSISTENT``, ... apply here too), plus ``BWD_ROWS_MAX_N`` and ``BWD_SPLIT_CHUNK``:
 
 - delta given: one elementwise pass (the floor).
-- rows (``N <= BWD_ROWS_MAX_N``): whole rows of y and dy in registers, delta and dx in one pass.
+- rows (``N <= BWD_ROWS_MAX_N``): whole rows per program, delta and dx in one kernel: y and dy
+  summed in pieces and read again (from cache) for dx (``BWD_ROWS_CHUNK``), or held in registers.
 - staged split (CUDA, ``softmax_staged.py``, tried first for rows of at least its
   ``STAGED_MIN_N``): chunks of y and dy held in shared memory across the row's wait.
 - persistent split (CUDA): each program of a persistent grid reduces its chunk of y and dy to a
@@ -26,13 +27,22 @@ import triton.language as tl
 from . import softmax_fwd as fwd
 from .softmax_fwd import chunk_ptrs, row_arrive, row_wait, stream_tile
 
-#: Rows up to this length are handled whole by one program, in registers (y and dy): 96% (fp32) and
-#: 100% (bf16) of copy at 32K; at 64K it spills (12-20%).
+#: Rows up to this length are handled whole by one program: 96% (fp32) and 100% (bf16) of copy at
+#: 32K with rows held in registers; at 64K they spilled (12-20%).
 BWD_ROWS_MAX_N = 32768
 #: Elements per program of the rows kernel (one row if longer), by element size.
-BWD_ROWS_TILE = {4: 4096, 2: 8192}
-#: Elements per thread of each of y and dy in the rows kernel, by element size (two tensors live).
-BWD_ELEMS_PER_THREAD = {4: 16, 2: 16}
+BWD_ROWS_TILE = {4: 4096, 2: 4096}
+#: Elements per thread per piece (``BWD_ROWS_CHUNK``) of each of y and dy, by element size: sets the warps.
+BWD_ELEMS_PER_THREAD = {4: 8, 2: 8}
+#: Most warps of a rows-kernel program in the backward.
+BWD_ROWS_MAX_WARPS = 32
+#: Eviction policy of the backward rows kernel's loads of y and dy ("" = the default).
+BWD_ROWS_LOAD_EVICT = ""
+#: Backward rows kernel, by element size: None holds whole rows in registers; a number sums the rows
+#: in pieces of that many columns (at most the row) and reads them again for dx. With 4096-element
+#: tiles, 8 per thread, up to 32 warps (session 10 sweep, H200): 101-103% of copy at 1K-16K, 98-100%
+#: at 32K, against 97-101% and 93-97% for whole rows in 4096-element tiles of 16 per thread.
+BWD_ROWS_CHUNK = {4: 16384, 2: 16384}
 #: Split rows of at most this many bytes (y and dy) take the persistent kernel, longer ones the
 #: two-pass path (measured faster there), by the larger element size. None: no limit.
 BWD_PERSISTENT_MAX_ROW_BYTES = {4: 8 << 20, 2: 8 << 20}
@@ -54,22 +64,67 @@ def _store_dx(DX, row, start, N, stride, offs, y, dy, delta):
 
 
 @triton.jit
-def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DX: tl.constexpr):
-    """BLOCK_M whole rows per program: delta = sum(y * dy), dx = y * (dy - delta)."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)
-    y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    delta = tl.sum(y * dy, axis=1)
-    if STORE_DX:
-        dx = y * (dy - delta[:, None])
-        tl.store(DX + rows64[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+def _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN: tl.constexpr, EVICT: tl.constexpr):
+    """y and dy on a (rows x cols) tile, as float32 (0 where masked, unless EVEN: no mask)."""
+    if EVEN:
+        y = tl.load(Y + rows_o[:, None] * stride_ym + cols[None, :], eviction_policy=EVICT)
+        dy = tl.load(DY + rows_o[:, None] * stride_dym + cols[None, :], eviction_policy=EVICT)
     else:
-        tl.store(DELTA + rows, delta, mask=row_ok)
+        y = tl.load(Y + rows_o[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
+        dy = tl.load(DY + rows_o[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
+    return y.to(tl.float32), dy.to(tl.float32)
+
+
+@triton.jit
+def _store_dx_tile(DX, rows_o, cols, mask, stride_dxm, dx, EVEN: tl.constexpr):
+    """dx on a (rows x cols) tile, in DX's dtype (masked unless EVEN)."""
+    if EVEN:
+        tl.store(DX + rows_o[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty))
+    else:
+        tl.store(DX + rows_o[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DX: tl.constexpr,
+                     EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, RELOAD: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    """BLOCK_M whole rows per program: delta = sum(y * dy), dx = y * (dy - delta). EVEN, OFFS64,
+    LOAD_EVICT: ``softmax_fwd.rows_tile_args``.
+
+    Without RELOAD the rows stay in registers between the sum and dx. With RELOAD the sum walks the
+    rows in CHUNK-column pieces and dx reads them again (from cache: the program just read them),
+    so registers hold one piece at a time (torch.compile's backward does this)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows_o = rows.to(tl.int64) if OFFS64 else rows
+    if not RELOAD:
+        cols = tl.arange(0, BLOCK_N)
+        mask = row_ok[:, None] & (cols[None, :] < N)
+        y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, LOAD_EVICT)
+        delta = tl.sum(y * dy, axis=1)
+        if STORE_DX:
+            _store_dx_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
+        else:
+            tl.store(DELTA + rows, delta, mask=row_ok)
+    else:
+        # the sum, piece by piece (kept in L2 for the second read)
+        acc = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+        for c0 in tl.range(0, BLOCK_N, CHUNK):
+            cols = c0 + tl.arange(0, CHUNK)
+            mask = row_ok[:, None] & (cols[None, :] < N)
+            y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, "evict_last")
+            acc += y * dy
+        delta = tl.sum(acc, axis=1)
+        if STORE_DX:
+            # dx, reading the pieces again
+            for c0 in tl.range(0, BLOCK_N, CHUNK):
+                cols = c0 + tl.arange(0, CHUNK)
+                mask = row_ok[:, None] & (cols[None, :] < N)
+                y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, "evict_first")
+                _store_dx_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
+        else:
+            tl.store(DELTA + rows, delta, mask=row_ok)
 
 
 @triton.jit
@@ -77,11 +132,9 @@ def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, st
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dx = y * (dy - delta[row]) on a (BLOCK_M rows x BLOCK_N) tile; program = (row block, chunk)."""
     rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
-    y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y, dy = _load_pair_tile(Y, DY, rows64, cols, mask, stride_ym, stride_dym, False, "")
     delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
-    dx = y * (dy - delta[:, None])
-    tl.store(DX + rows64[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    _store_dx_tile(DX, rows64, cols, mask, stride_dxm, y * (dy - delta[:, None]), False)
 
 
 @triton.jit
@@ -189,12 +242,14 @@ def _elem(y, dy) -> int:
 def _rows(y, dy, dx, delta, store_dx: bool) -> None:
     m, n = y.shape
     block_m, block_n, _, warps = fwd.tile_config(m, n, _elem(y, dy), per_thread=BWD_ELEMS_PER_THREAD,
-                                              tile=BWD_ROWS_TILE)
+                                              tile=BWD_ROWS_TILE, max_warps=BWD_ROWS_MAX_WARPS)
     out = dx if store_dx else y
+    strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
     _bwd_rows_kernel[(triton.cdiv(m, block_m),)](
-        y, dy, out, delta if delta is not None else y, m, n, y.stride(0), dy.stride(0),
-        dx.stride(0) if store_dx else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_DX=store_dx,
-        num_warps=warps)
+        y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
+        STORE_DX=store_dx, num_warps=warps, RELOAD=BWD_ROWS_CHUNK[_elem(y, dy)] is not None,
+        CHUNK=min(block_n, BWD_ROWS_CHUNK[_elem(y, dy)] or block_n),
+        **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT))
 
 
 def _two_pass_dot(y, dy) -> torch.Tensor:

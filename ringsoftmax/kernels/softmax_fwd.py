@@ -41,11 +41,18 @@ import triton.language as tl
 #: Rows up to this length are handled whole by one program, in registers (bf16 at 64K: 68% of copy
 #: against 59% split; fp32 at 64K spills: 65% against 72% split).
 ROWS_MAX_N = {4: 32768, 2: 65536}
-#: Elements per program in the rows kernel (one row if longer). Small programs (4 warps) win at
-#: small N: 99% of copy at N = 1K fp32 (1 row), 96% bf16 (4 rows); 16-warp programs lose.
-ROWS_TILE = {4: 1024, 2: 4096}
-#: Elements per thread that set ``num_warps`` for a tile (tile / (32 * this), clamped to 1..16).
+#: Elements per program in the rows kernel (one row if longer). Small programs win at small N:
+#: 99% of copy at N = 1K fp32 (1 row, 4 warps); bf16 1K 97-98% as one row per 1-warp program
+#: against 95-97% for 4 rows per 4-warp program (session 10); 16-warp programs lose.
+ROWS_TILE = {4: 1024, 2: 1024}
+#: Elements per thread that set ``num_warps`` for a tile (tile / (32 * this), clamped to 1..ROWS_MAX_WARPS).
 ELEMS_PER_THREAD = {4: 8, 2: 32}
+#: Most warps of a rows-kernel program (a long row gets more elements per thread beyond it).
+ROWS_MAX_WARPS = 16
+#: Rows kernels (both directions) drop their masks where the tiles cover the rows exactly.
+ROWS_EXACT = True
+#: Eviction policy of the forward rows kernel's loads ("" = the default).
+ROWS_LOAD_EVICT = ""
 #: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
 #: (two-pass passes, normalize, the backward's elementwise pass).
 STREAM_TILE = {4: 4096, 2: 8192}
@@ -177,18 +184,24 @@ def _merge_partials(PM, PS, Q, PB: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr, STORE_LSE: tl.constexpr,
+                         EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr):
     """BLOCK_M whole rows per program, held in registers: one read of x, one write of y.
 
-    With STORE_Y, writes y and lse; without, only the row statistics (max -> MX, sum of
-    exp(x - max) -> SX)."""
+    With STORE_Y, writes y and (with STORE_LSE) lse; without, only the row statistics (max -> MX, sum of
+    exp(x - max) -> SX). ``rows_tile_args`` gives the specializations: EVEN (the tiles cover the
+    rows exactly: no masks), OFFS64 (64-bit offsets) and LOAD_EVICT (x's eviction policy)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
     mask = row_ok[:, None] & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)
+    rows_o = rows.to(tl.int64) if OFFS64 else rows
     # load the rows; padding is -inf, which adds nothing to a sum of exponentials
-    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
+    if EVEN:
+        x = tl.load(X + rows_o[:, None] * stride_xm + cols[None, :], eviction_policy=LOAD_EVICT)
+    else:
+        x = tl.load(X + rows_o[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"),
+                    eviction_policy=LOAD_EVICT)
     x = x.to(tl.float32)
     # row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
     m = tl.max(x, axis=1)
@@ -200,10 +213,14 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
         tl.store(SX + rows, s, mask=row_ok)
     # normalize and write
     if STORE_Y:
-        tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
+        if STORE_LSE:
+            tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
         inv = tl.where(s > 0, 1.0 / s, 0.0)
         y = (e * inv[:, None]).to(Y.dtype.element_ty)
-        tl.store(Y + rows64[:, None] * stride_ym + cols[None, :], y, mask=mask)
+        if EVEN:
+            tl.store(Y + rows_o[:, None] * stride_ym + cols[None, :], y)
+        else:
+            tl.store(Y + rows_o[:, None] * stride_ym + cols[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -324,23 +341,24 @@ def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym,
 # ----------------------------------------------------------------------------------------------
 # Configuration (host side)
 # ----------------------------------------------------------------------------------------------
-def num_warps_for(elems: int, per_thread: int) -> int:
-    """Warps for a tile of ``elems`` elements, ``per_thread`` each: 1..16 warps."""
-    return max(1, min(16, elems // (32 * per_thread)))
+def num_warps_for(elems: int, per_thread: int, max_warps: int = 16) -> int:
+    """Warps for a tile of ``elems`` elements, ``per_thread`` each: 1..max_warps warps."""
+    return max(1, min(max_warps, elems // (32 * per_thread)))
 
 
 def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_thread: dict | None = None,
-                tile: dict | None = None):
+                tile: dict | None = None, max_warps: int | None = None):
     """(BLOCK_M, BLOCK_N, K, num_warps) of a (rows x chunk) tile for an (m, n) problem.
 
     ``elem``: element size in bytes; the tile has ``(tile or ROWS_TILE)[elem]`` elements (or one
-    row, if longer), and ``(per_thread or ELEMS_PER_THREAD)[elem]`` elements per thread.
+    row, if longer), and ``(per_thread or ELEMS_PER_THREAD)[elem]`` elements per thread, with at
+    most ``max_warps`` (default ``ROWS_MAX_WARPS``) warps.
     """
     block_n = triton.next_power_of_2(max(n, 1))
     if max_block_n is not None:
         block_n = min(block_n, max_block_n)
     block_m = max(1, min((tile or ROWS_TILE)[elem] // block_n, triton.next_power_of_2(max(m, 1))))
-    warps = num_warps_for(block_m * block_n, (per_thread or ELEMS_PER_THREAD)[elem])
+    warps = num_warps_for(block_m * block_n, (per_thread or ELEMS_PER_THREAD)[elem], max_warps or ROWS_MAX_WARPS)
     return block_m, block_n, triton.cdiv(max(n, 1), block_n), warps
 
 
@@ -469,12 +487,25 @@ def _row_vector(v: torch.Tensor, m: int, x: torch.Tensor, name: str, fn: str) ->
     return v.to(torch.float32).contiguous()
 
 
+def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load_evict: str = "") -> dict:
+    """Specializations of a rows kernel on (m, n) rows in (block_m, block_n) tiles (the tensors'
+    row strides given): EVEN when the tiles cover the rows exactly (no masks; ``ROWS_EXACT``),
+    OFFS64 unless every offset, padding rows included, fits in 32 bits, and x's (y's) eviction
+    policy for the loads."""
+    last = (triton.cdiv(m, block_m) * block_m - 1) * max([abs(int(s)) for s in row_strides] + [n]) + block_n - 1
+    return dict(EVEN=bool(ROWS_EXACT and n == block_n and m % block_m == 0), OFFS64=last > 2**31 - 1,
+                LOAD_EVICT=load_evict)
+
+
 def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
+    """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx."""
     m, n = x.shape
     block_m, block_n, _, warps = tile_config(m, n, x.element_size())
     _softmax_rows_kernel[(triton.cdiv(m, block_m),)](
-        x, y if store_y else x, lse, mx, sx, m, n, x.stride(0), y.stride(0) if store_y else 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y, num_warps=warps)
+        x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
+        y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
+        STORE_LSE=lse is not None, num_warps=warps,
+        **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT))
 
 
 def _two_pass_stats(x):
@@ -545,31 +576,33 @@ def _empty_rows(x, m):
     return torch.full((m,), NEG_INF, dtype=torch.float32, device=x.device)
 
 
-def softmax_fwd(x: torch.Tensor):
+def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     """Softmax of each row and its log-sum-exp.
 
     Args:
         x: (M, N) float32 / float16 / bfloat16, ``x.stride(1) == 1`` (any row stride).
+        with_lse: False when the caller drops lse: the rows kernel then does not write it (the
+            split paths compute it anyway) and None comes back in its place.
     Returns:
-        (y, lse): y (M, N) contiguous in x.dtype; lse (M,) float32, natural log. All ``-inf`` rows
-        give y = 0, lse = ``-inf``.
+        (y, lse): y (M, N) contiguous in x.dtype; lse (M,) float32, natural log (or None). All
+        ``-inf`` rows give y = 0, lse = ``-inf``.
     """
     check_rows(x, "x", "softmax_fwd")
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
-        return y, _empty_rows(x, m)
+        return y, _empty_rows(x, m) if with_lse else None
     lse = torch.empty(m, dtype=torch.float32, device=x.device)
     if staged_split("fwd", x, x, y, lse):
         pass
     elif n <= ROWS_MAX_N[x.element_size()]:
-        _rows(x, y, lse, lse, lse, store_y=True)
+        _rows(x, y, lse if with_lse else None, lse, lse, store_y=True)
     elif use_persistent(x, n * x.element_size(), PERSISTENT_MAX_ROW_BYTES, x.element_size()):
         _persistent(x, y, lse)
     else:
         lse, shift, total = _two_pass_stats(x)
         _normalize_into(x, y, shift, total)
-    return y, lse
+    return y, lse if with_lse else None
 
 
 def row_stats(x: torch.Tensor):
