@@ -7,14 +7,16 @@
 bf16, 16 heads, batch * seqlen = 32K tokens. TFLOP/s count 4*B*H*S^2*D for the forward (half of
 it when causal) and 3.5x that for forward+backward. Ours is ``attention_fwd`` for the forward and
 ``attention_fwd + attention_delta + attention_bwd`` with bf16 gradients for forward+backward (what
-``ringsoftmax.attention``'s autograd costs); peers run through autograd. Each cell is the median of
-``triton.testing.do_bench`` (events). Peers that fail or are missing are printed as such.
+``ringsoftmax.attention``'s autograd costs); peers run through autograd. Each cell is the median over
+``--rounds`` rounds (every contestant timed once per round, in turn) of ``triton.testing.do_bench``'s
+median (events). Peers that fail or are missing are printed as such.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
+import statistics
 import sys
 import time
 
@@ -100,9 +102,9 @@ def flex_fn():
     return run
 
 
-def time_peer(fn, q, k, v, do, causal):
-    """(fwd ms, fwd+bwd ms, (out, dq, dk, dv) in (B, S, H, D), seconds of the first call) of an
-    autograd attention taking (B, H, S, D)."""
+def peer_calls(fn, q, k, v, do, causal):
+    """(forward callable, forward+backward callable, (out, dq, dk, dv) in (B, S, H, D), seconds of the
+    first call) of an autograd attention taking (B, H, S, D)."""
     qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
     dot = do.transpose(1, 2).contiguous()
     t0 = time.time()
@@ -110,9 +112,19 @@ def time_peer(fn, q, k, v, do, causal):
     grads = torch.autograd.grad(out, (qt, kt, vt), dot)
     torch.cuda.synchronize()
     first_s = time.time() - t0
-    t_f = bench(lambda: fn(qt, kt, vt, causal))
-    t_fb = bench(lambda: torch.autograd.grad(fn(qt, kt, vt, causal), (qt, kt, vt), dot))
-    return t_f, t_fb, tuple(x.detach().transpose(1, 2) for x in (out, *grads)), first_s
+    return (lambda: fn(qt, kt, vt, causal), lambda: torch.autograd.grad(fn(qt, kt, vt, causal), (qt, kt, vt), dot),
+            tuple(x.detach().transpose(1, 2) for x in (out, *grads)), first_s)
+
+
+def interleaved_medians(calls, rounds):
+    """name -> (median fwd ms, median fwd+bwd ms) over ``rounds`` rounds; each round times every
+    contestant once, in turn, so slow drifts of the GPU's clock touch all of them alike."""
+    times = {name: ([], []) for name in calls}
+    for _ in range(rounds):
+        for name, pair in calls.items():
+            for i, f in enumerate(pair):
+                times[name][i].append(bench(f))
+    return {name: tuple(statistics.median(t) for t in ts) for name, ts in times.items()}
 
 
 def rel(a, b):
@@ -120,8 +132,9 @@ def rel(a, b):
 
 
 # ----------------------------------------------------------------------------- the table
-def table(seqs, dims, budget_s, choice=None):
-    """One row per (D, causal, S); ``choice[(D, causal)]`` overrides our tiles (from a sweep)."""
+def table(seqs, dims, budget_s, choice=None, rounds=3):
+    """One row per (D, causal, S); ``choice[(D, causal)]`` overrides our tiles (from a sweep). Each
+    cell is the median over ``rounds`` interleaved rounds (``interleaved_medians``)."""
     t0 = time.time()
     peers = {"cudnn": sdpa_fn("cudnn"), "flash": sdpa_fn("flash"), "flex": None}
     try:
@@ -135,19 +148,17 @@ def table(seqs, dims, budget_s, choice=None):
                 B = TOKENS // S
                 q, k, v, do = make_inputs(B, S, D)
                 fl = fwd_flops(B, S, D, causal)
-                res = {}
+                calls = {}
                 ref = None
                 for name, fn in peers.items():
                     if fn is None:
-                        res[name] = None
                         continue
                     if name == "flex" and time.time() - t0 > budget_s:
                         print(f"flex D={D} causal={causal} S={S}: skipped (time budget)")
-                        res[name] = None
                         continue
                     try:
-                        t_f, t_fb, outs, first_s = time_peer(fn, q, k, v, do, causal)
-                        res[name] = (t_f, t_fb)
+                        f, fb, outs, first_s = peer_calls(fn, q, k, v, do, causal)
+                        calls[name] = (f, fb)
                         if name == "flex":
                             print(f"flex D={D} causal={causal} S={S}: first call (compile) {first_s:.1f} s", flush=True)
                         if name == "cudnn":
@@ -155,16 +166,15 @@ def table(seqs, dims, budget_s, choice=None):
                         del outs
                     except Exception as e:  # noqa: BLE001
                         print(f"{name} D={D} causal={causal} S={S}: FAIL {e!r}"[:300])
-                        res[name] = None
                 ov = (choice or {}).get((D, causal), {})
                 with config.override(**ov):
                     mine = ours_fwd_bwd(q, k, v, do, causal)
-                    res["ours"] = (bench(lambda: ours_fwd(q, k, v, causal)),
-                                   bench(lambda: ours_fwd_bwd(q, k, v, do, causal)))
+                    calls["ours"] = (lambda: ours_fwd(q, k, v, causal), lambda: ours_fwd_bwd(q, k, v, do, causal))
+                    res = interleaved_medians(calls, rounds)
                 # agreement with cuDNN (both bf16): out, and the worst of dq, dk, dv
                 err = (float("nan"),) * 2 if ref is None else (rel(mine[0], ref[0]),
                                                                max(rel(a, b) for a, b in zip(mine[1:], ref[1:])))
-                del mine, ref
+                del mine, ref, calls
                 rows.append((D, causal, B, S, fl, res, err))
                 print_row(rows[-1], flush=True)
                 del q, k, v, do
@@ -338,6 +348,7 @@ def main():
     ap.add_argument("--sweep-seq", type=int, default=8192)
     ap.add_argument("--workers", type=int, default=12, help="processes compiling sweep variants")
     ap.add_argument("--flex-budget", type=float, default=1e9, help="seconds after which Flex cells are skipped")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per cell (medians)")
     args = ap.parse_args()
     dims = [int(d) for d in args.dims.split(",")]
     print(f"# bench_attention {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC | "
@@ -351,7 +362,7 @@ def main():
         print("table on the sweep's choice:", {f"d{d} causal={c}": v for (d, c), v in choice.items()}, flush=True)
     seqs = (4096, 32768) if args.quick else (4096, 16384, 32768)
     print(HEADER, flush=True)
-    rows = table(seqs, dims, args.flex_budget, choice)
+    rows = table(seqs, dims, args.flex_budget, choice, args.rounds)
     print("\n" + HEADER)
     for r in rows:
         print_row(r)

@@ -5,15 +5,18 @@ Run on a GPU:  python3 launch/bench_softmax.py [--quick] [--peers torch,compile,
 For every (N, M = 2^28 / N, dtype, direction) it prints each implementation's effective bandwidth
 (forward 2 * bytes(x) / t: read x, write y; backward 3 * bytes(x) / t: read y and dy, write dx),
 ours over the best peer, and ours as a % of a device-to-device copy measured in the same run.
-A peer that is missing or raises is shown as such. ``--variants`` also times our kernels under
-other settings of their knobs (the numbers behind the config table). Times are medians of
-``triton.testing.do_bench``.
+"ours" is ``ringsoftmax.softmax``'s kernels (y only, like every peer); "ours+lse" adds the lse
+``softmax_with_lse`` returns. A peer that is missing or raises is shown as such. ``--variants``
+also times our kernels under other settings of their knobs (the numbers behind the config table).
+Each cell is the median over ``--rounds`` rounds (every contestant timed once per round, in turn)
+of ``triton.testing.do_bench``'s median.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import datetime
+import statistics
 import sys
 
 import torch
@@ -68,18 +71,26 @@ def make_peers(names):
     return peers
 
 
-def time_peer(fn, x, dy):
-    """(forward ms, backward ms) of an autograd softmax, or an error string for each."""
+def peer_calls(fn, x, dy):
+    """(forward callable, backward callable) of an autograd softmax, or an error string for each."""
     try:
         xx = x.detach().clone().requires_grad_()
         y = fn(xx)
-        tf = bench(lambda: fn(x))
-        tb = bench(lambda: torch.autograd.grad(y, xx, dy, retain_graph=True))
-        del xx, y
-        return tf, tb
+        torch.autograd.grad(y, xx, dy, retain_graph=True)
+        return (lambda: fn(x)), (lambda: torch.autograd.grad(y, xx, dy, retain_graph=True))
     except Exception as e:  # noqa: BLE001 - a peer that raises is reported, not fatal
         msg = f"error ({type(e).__name__})"
         return msg, msg
+
+
+def interleaved_medians(calls: dict, rounds: int) -> dict:
+    """name -> median ms over ``rounds`` rounds, each timing every callable once, in turn (so a slow
+    drift of the GPU touches all alike); strings (a missing or failing peer) pass through."""
+    times = {k: [] for k, f in calls.items() if not isinstance(f, str)}
+    for _ in range(rounds):
+        for k in times:
+            times[k].append(bench(calls[k]))
+    return {k: (statistics.median(times[k]) if k in times else f) for k, f in calls.items()}
 
 
 def max_err(x) -> tuple[float, float]:
@@ -101,8 +112,8 @@ def fmt(v):
 def run_table(args, copy, log):
     peers = make_peers(args.peers.split(","))
     names = list(peers)
-    say("N", "M", "dtype", "dir", "ours GB/s", *[f"{n} GB/s" for n in names], "ours/best peer", "ours % copy",
-        "maxerr y / lse", log=log)
+    say("N", "M", "dtype", "dir", "ours GB/s", "ours+lse GB/s", *[f"{n} GB/s" for n in names], "ours/best peer",
+        "ours % copy", "maxerr y / lse", log=log)
     summary = []
     for dtype in (torch.float32, torch.bfloat16):
         for n in (QUICK if args.quick else SIZES):
@@ -112,32 +123,26 @@ def run_table(args, copy, log):
             nb = x.numel() * x.element_size()
             y, _ = F.softmax_fwd(x)
             ey, el = max_err(x)
-            ours = {"fwd": bench(lambda: F.softmax_fwd(x)), "bwd": bench(lambda: B.softmax_bwd(y, dy))}
-            theirs = {k: (v, v) if isinstance(v, str) else time_peer(v, x, dy) for k, v in peers.items()}
-            for i, (direction, mult) in enumerate((("fwd", 2), ("bwd", 3))):
-                g = gbs(mult * nb, ours[direction])
-                pg = {k: gbs(mult * nb, theirs[k][i]) for k in names}
-                pg_fmt = [fmt(pg[k]) if pg[k] is not None else theirs[k][i] for k in names]
+            # ours: softmax (y only, what ringsoftmax.softmax costs), softmax_with_lse, the backward
+            calls = {("ours", "fwd"): lambda: F.softmax_fwd(x, with_lse=False),
+                     ("ours+lse", "fwd"): lambda: F.softmax_fwd(x), ("ours", "bwd"): lambda: B.softmax_bwd(y, dy)}
+            for k, v in peers.items():
+                pf, pb = (v, v) if isinstance(v, str) else peer_calls(v, x, dy)
+                calls[(k, "fwd")], calls[(k, "bwd")] = pf, pb
+            t = interleaved_medians(calls, args.rounds)
+            for direction, mult in (("fwd", 2), ("bwd", 3)):
+                g = gbs(mult * nb, t[("ours", direction)])
+                g_lse = fmt(gbs(mult * nb, t[("ours+lse", direction)])) if direction == "fwd" else "-"
+                pg = {k: gbs(mult * nb, t[(k, direction)]) for k in names}
+                pg_fmt = [fmt(pg[k]) if pg[k] is not None else t[(k, direction)] for k in names]
                 best = max([v for v in pg.values() if v is not None], default=None)
                 ratio = f"{g / best:.2f}x" if best else "-"
-                say(n, m, str(dtype)[6:], direction, fmt(g), *pg_fmt, ratio, f"{g / copy:.0%}",
+                say(n, m, str(dtype)[6:], direction, fmt(g), g_lse, *pg_fmt, ratio, f"{g / copy:.0%}",
                     f"{ey:.1e} / {el:.1e}" if direction == "fwd" else "", log=log)
                 summary.append((n, str(dtype)[6:], direction, g / copy, g / best if best else None))
-            del x, dy, y
+            del x, dy, y, calls
             torch.cuda.empty_cache()
     return summary
-
-
-@contextlib.contextmanager
-def knobs(module, **values):
-    old = {k: getattr(module, k) for k in values}
-    for k, v in values.items():
-        setattr(module, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(module, k, v)
 
 
 # name -> ([(module, {knob: value})], which rows it applies to: "rows" (N <= ROWS_MAX_N), "split",
@@ -207,6 +212,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer row lengths")
     p.add_argument("--peers", default="torch,compile,liger", help="comma list of torch,compile,liger")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per cell (medians)")
     p.add_argument("--variants", action="store_true", help="also time our kernels under other knob settings")
     p.add_argument("--vsizes", default=None, help="comma list of N for --variants")
     p.add_argument("--vdtypes", default="float32,bfloat16", help="comma list of dtypes for --variants")
