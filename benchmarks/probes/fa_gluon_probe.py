@@ -3,7 +3,8 @@
 Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,32768] [--dims 128,64]
                    [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:compute registers[:persistent])
 ``--modules name=path,...`` also times other copies of the kernel module (e.g. a commit's version),
-each with its own defaults. bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
+each with its own defaults; ``--rounds R`` times the variants in turn R times and prints medians.
+bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
 difference from cuDNN's, and lse's from the library's Triton kernels.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import statistics
 
 import torch
 import triton
@@ -28,6 +30,7 @@ def main():
     ap.add_argument("--configs", default="128:2:232:1,128:2:232:0")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--modules", default="")
+    ap.add_argument("--rounds", type=int, default=1, help="timing rounds, variants in turn (medians)")
     args = ap.parse_args()
     others = {}
     for entry in filter(None, args.modules.split(",")):
@@ -69,16 +72,24 @@ def main():
                                      functools.partial(gluon_fwd.launch, q, k, v, out, lse, qk_scale=qk_scale,
                                                        causal=causal, block_n=bn, stages=st, consumer_regs=regs,
                                                        persistent=bool(pers))))
+                # check each variant once, then time them in turn for --rounds rounds (medians)
+                ok, times = {}, {}
                 for name, f in variants:
                     try:
                         f()
                         torch.cuda.synchronize()
-                        t = bench(f)
-                        print(f"{D} | {causal} | {S} | {name} | {flops / t / 1e9:.0f} | "
-                              f"{(out.float() - ref).abs().max().item():.1e} | "
-                              f"{(lse - lse_ref).abs().max().item():.1e}", flush=True)
+                        ok[name] = (f"{(out.float() - ref).abs().max().item():.1e} | "
+                                    f"{(lse - lse_ref).abs().max().item():.1e}")
+                        times[name] = []
                     except Exception as e:  # noqa: BLE001 - report and go on
                         print(f"{D} | {causal} | {S} | {name} | error {type(e).__name__}: {str(e)[:300]}", flush=True)
+                for _ in range(args.rounds):
+                    for name, f in variants:
+                        if name in times:
+                            times[name].append(bench(f))
+                for name in times:
+                    t = statistics.median(times[name])
+                    print(f"{D} | {causal} | {S} | {name} | {flops / t / 1e9:.0f} | {ok[name]}", flush=True)
 
 if __name__ == "__main__":
     main()
