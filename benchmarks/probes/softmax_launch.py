@@ -13,21 +13,11 @@ our kernel against the compiled backward graph's kernels through autograd).
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import triton
 
-
-def host_us(fn, n=200):
-    """Wall time per call with a GPU that keeps up: the host's cost of queuing one call."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+from host_overhead import per_call_us  # same folder: wall time per call with a GPU that keeps up
 
 
 def main():
@@ -69,7 +59,7 @@ def main():
                         graph = f"error {type(e).__name__}"
                     cells = f"{nbytes / t / 1e6:.0f} | {graph} | -"
                 else:
-                    cells = f"- | - | {host_us(fn):.1f}"
+                    cells = f"- | - | {per_call_us(fn):.1f}"
                 print(f"{case} m={m} | {who} | {cells}", flush=True)
             del x, dy
             torch.cuda.empty_cache()
