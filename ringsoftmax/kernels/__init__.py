@@ -11,7 +11,7 @@ and returns plain tensors and follows the (out, lse) contract of DESIGN.md:
 
 Files and launchers:
 
-- ``softmax_fwd.py``: ``softmax_fwd(x) -> (y, lse)``, ``row_stats(x) -> (max, sum)``,
+- ``softmax_fwd.py``: ``softmax_fwd(x, with_lse=True) -> (y, lse)``, ``row_stats(x) -> (max, sum)``,
   ``normalize(x, max, sum) -> y`` for ``x`` of shape (M, N), last stride 1.
 - ``softmax_bwd.py``: ``row_dot(y, dy) -> delta`` and ``softmax_bwd(y, dy, delta=None) -> dx``.
 - ``softmax_staged.py``: split rows of both directions with chunks held in shared memory (a Gluon

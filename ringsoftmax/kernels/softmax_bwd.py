@@ -32,7 +32,8 @@ from .softmax_fwd import chunk_ptrs, row_arrive, row_wait, stream_tile
 BWD_ROWS_MAX_N = 32768
 #: Elements per program of the rows kernel (one row if longer), by element size.
 BWD_ROWS_TILE = {4: 4096, 2: 4096}
-#: Elements per thread per piece (``BWD_ROWS_CHUNK``) of each of y and dy, by element size: sets the warps.
+#: Elements of the tile per thread (each of y and dy), by element size: sets the warps (with pieces, a
+#: thread holds piece / (32 * warps) of them at a time).
 BWD_ELEMS_PER_THREAD = {4: 8, 2: 8}
 #: Most warps of a rows-kernel program in the backward.
 BWD_ROWS_MAX_WARPS = 32
