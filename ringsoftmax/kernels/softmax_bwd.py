@@ -130,9 +130,10 @@ def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
 
 @triton.jit
 def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, stride_dxm,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dx = y * (dy - delta[row]) on a (BLOCK_M rows x BLOCK_N) tile; program = (row block, chunk)."""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr):
+    """dx = y * (dy - delta[row]) on a (BLOCK_M rows x BLOCK_N) tile; program = (row block, chunk),
+    ``REVERSED``: last tile first (see ``STREAM_SECOND_PASS_REVERSED``)."""
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, REVERSED)
     y, dy = _load_pair_tile(Y, DY, rows64, cols, mask, stride_ym, stride_dym, False, "")
     delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
     _store_dx_tile(DX, rows64, cols, mask, stride_dxm, y * (dy - delta[:, None]), False)
@@ -142,7 +143,7 @@ def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, st
 def _partial_dot_kernel(Y, DY, PD, M, N, K, stride_ym, stride_dym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K)."""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, False)
     y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(PD + rows64 * K + k, tl.sum(y * dy, axis=1), mask=row_ok)
@@ -273,7 +274,7 @@ def _elementwise(y, dy, dx, delta) -> None:
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
     _bwd_elementwise_kernel[(triton.cdiv(m, block_m) * k,)](
         y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, num_warps=warps)
 
 
 def _persistent(y, dy, dx) -> None:

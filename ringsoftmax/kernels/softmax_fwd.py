@@ -57,6 +57,9 @@ ROWS_LOAD_EVICT = ""
 #: (two-pass passes, normalize, the backward's elementwise pass).
 STREAM_TILE = {4: 4096, 2: 8192}
 STREAM_ELEMS_PER_THREAD = {4: 16, 2: 16}
+#: The second pass over the inputs (normalize forward, dx backward) walks the tiles last first, so
+#: that it starts on what the first pass read last, still in L2.
+STREAM_SECOND_PASS_REVERSED = True
 #: Split rows, persistent kernel: (chunk elements per program, num_warps).
 SPLIT_CHUNK = {4: (4096, 4), 2: (4096, 4)}
 #: On CUDA, split rows use the persistent kernel (False: always the two-pass path) ...
@@ -114,12 +117,15 @@ def row_wait(CNT, expected, spin_max, ERR):
 
 
 @triton.jit
-def stream_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's tile of the streaming kernels: BLOCK_M rows x chunk k (of K) of BLOCK_N columns.
+def stream_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr):
+    """This program's tile of the streaming kernels: BLOCK_M rows x chunk k (of K) of BLOCK_N columns;
+    ``REVERSED``: program 0 takes the last tile (a second pass starting where the first ended).
 
     Returns (rows, rows as int64, cols, k, row mask, element mask).
     """
     pid = tl.program_id(0)
+    if REVERSED:
+        pid = tl.num_programs(0) - 1 - pid
     rb = pid // K
     k = pid - rb * K
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -290,7 +296,7 @@ def _softmax_persistent_kernel(X, Y, LSE, PM, PS, CNT, ERR, M, N, stride_xm, str
 def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)."""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, False)
     x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
     x = x.to(tl.float32)
     m = tl.max(x, axis=1)
@@ -325,9 +331,9 @@ def _combine_stats_kernel(PM, PS, LSE, SHIFT, SCALE, M, K,
 
 @triton.jit
 def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr):
     """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0."""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N)
+    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, REVERSED)
     x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
     shift = tl.load(SHIFT + rows, mask=row_ok, other=0.0)
     # exp(x - inf) = 0 for every x <= +large: an empty row gives 0, not exp(-inf + inf) = NaN
@@ -532,7 +538,7 @@ def _normalize_into(x, y, shift, total) -> None:
     block_m, block_n, k, warps = stream_config(m, n, elem)
     _normalize_kernel[(triton.cdiv(m, block_m) * k,)](
         x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps)
 
 
 def _persistent(x, y, lse) -> None:
