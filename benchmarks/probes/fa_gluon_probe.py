@@ -2,6 +2,7 @@
 
 Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,32768] [--dims 128,64]
                    [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:compute registers[:persistent])
+                   [--causal 0,1]
 ``--modules name=path,...`` also times other copies of the kernel module (e.g. a commit's version),
 each with its own defaults; ``--rounds R`` times the variants in turn R times and prints medians.
 bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
@@ -29,6 +30,7 @@ def main():
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--configs", default="128:2:232:1,128:2:232:0")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--causal", default="0,1", help="causal values to run (0, 1 or both)")
     ap.add_argument("--modules", default="")
     ap.add_argument("--rounds", type=int, default=1, help="timing rounds, variants in turn (medians)")
     args = ap.parse_args()
@@ -46,7 +48,7 @@ def main():
         for S in map(int, args.seqlens.split(",")):
             B, H = max(1, 32768 // S), args.heads
             q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            for causal in (False, True):
+            for causal in (bool(int(c)) for c in args.causal.split(",")):
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     sd = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731

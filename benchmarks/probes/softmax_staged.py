@@ -1,6 +1,10 @@
 """Probe: the staged (shared-memory) split-row softmax kernel against the current default, side by side.
 
 Run on a GPU:  python3 benchmarks/probes/softmax_staged.py [--sizes 65536,1048576] [--dtypes fp32,bf16]
+                   [--modules name=path,...] [--rounds R]
+
+``--modules`` also times other copies of ``softmax_staged.py`` (e.g. a commit's version) with their own
+table configs, against the library's, in turn for ``--rounds`` rounds (medians).
 
 For each (N, M = 2^28 / N, dtype, direction) it checks every staged configuration against float64
 (max error, and the fraction of the grid that works) and prints % of a device-to-device copy
@@ -9,6 +13,8 @@ measured in the same run: forward 2 * bytes(x) / t, backward 3 * bytes(x) / t.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import statistics
 
 import torch
 import triton
@@ -39,6 +45,41 @@ def copy_gbs() -> float:
     return 2 * 4 * (1 << 29) / t / 1e6
 
 
+def compare_modules(others, direction, dname, n, m, inputs, ref, scale, nbytes, copy, rounds):
+    """Time the library's staged launch and each other module's (its own table config) in turn."""
+    if direction == "fwd":
+        a = b = inputs
+        out, lse = torch.empty_like(a), torch.empty(m, device="cuda")
+    else:
+        a, b = inputs
+        out = lse = torch.empty_like(b)
+    caches = {}
+
+    def runner(name, mod):
+        def run():
+            F._OCCUPANCY = caches.setdefault(name, {})  # each copy's kernel has its own occupancy
+            return mod.launch(direction, a, b, out, lse)
+        return run
+
+    runs = {name: runner(name, mod) for name, mod in [("library", S)] + list(others.items())}
+    errs, times = {}, {}
+    for name, run in runs.items():
+        out.fill_(float("nan"))
+        if not run():
+            print(f"{direction} | {dname} | {n} | {m} | module {name} | row too long | - | - | - | -")
+            continue
+        torch.cuda.synchronize()
+        errs[name], times[name] = (out.double() - ref).abs().max().item() / scale, []
+    for _ in range(rounds):
+        for name in times:
+            times[name].append(bench(runs[name]))
+    for name in times:
+        t = statistics.median(times[name])
+        print(f"{direction} | {dname} | {n} | {m} | module {name} | - | {nbytes / t / 1e6:.0f} | "
+              f"{100 * nbytes / t / 1e6 / copy:.1f} | {errs[name]:.1e} | -", flush=True)
+    F._OCCUPANCY = caches.get("library", F._OCCUPANCY)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="32768,65536,262144,1048576,2097152")
@@ -50,7 +91,17 @@ def main():
                          "'fwd/4=4096:4:4:2:1,8192:8:3:1:1 bwd/2=...' (chunk:warps:stages:ahead:lag)")
     ap.add_argument("--max-programs", type=int, default=S.MAX_PROGRAMS_PER_ROW,
                     help="most programs per row (the kernel reads a row's partial words as one block)")
+    ap.add_argument("--modules", default="", help="name=path,... other copies of softmax_staged.py")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds of the --modules comparison")
+    ap.add_argument("--no-configs", action="store_true", help="skip the table of configurations")
     args = ap.parse_args()
+    others = {}
+    for entry in filter(None, args.modules.split(",")):
+        name, path = entry.split("=")
+        # named inside the package, so that the copy's relative imports resolve
+        spec = importlib.util.spec_from_file_location(f"ringsoftmax.kernels.probe_{name}", path)
+        others[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(others[name])
     S.MAX_PROGRAMS_PER_ROW = args.max_programs
     for group in args.configs.split():
         key, cfgs = group.split("=")
@@ -96,6 +147,11 @@ def main():
                     print(f"{direction} | {dname} | {n} | {m} | {name} | - | {nbytes / t / 1e6:.0f} | "
                           f"{100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | -", flush=True)
                 S.STAGED = True
+                if others:
+                    compare_modules(others, direction, dname, n, m, x if direction == "fwd" else (y, dy), ref,
+                                    scale, nbytes, copy, args.rounds)
+                if args.no_configs:
+                    continue
                 folds = (True, False) if direction == "fwd" and elem == 2 else (S.FOLD_DIVISION_16BIT,)
                 for cfg, fold in [(c, f) for c in CONFIGS[(direction, elem)] for f in folds]:
                     S.FOLD_DIVISION_16BIT = fold

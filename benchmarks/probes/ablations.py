@@ -1,0 +1,85 @@
+"""Write ablated copies of the Gluon kernels' modules, for timing beside the library with the probes'
+``--modules`` (their values are wrong on purpose: they show what a stage costs, not a result).
+
+Run:  python3 benchmarks/probes/ablations.py DIR      (then, on a GPU, e.g.)
+      python3 benchmarks/probes/fa_gluon_probe.py --dims 64 --causal 0 --modules noexp=DIR/fa_noexp.py,...
+      python3 benchmarks/probes/softmax_staged.py --dirs fwd --no-configs --modules stream=DIR/sm_stream.py,...
+
+Attention forward (``attention_fwd_gluon.py``):
+- ``fa_noexp``: p = the scaled, shifted score itself (no exp2 of the scores; alpha keeps its exp2);
+- ``fa_mmaonly``: no online softmax at all (p = s, m and l unchanged, alpha = 1): the matmuls and the
+  pipeline alone.
+Staged softmax (``softmax_staged.py``):
+- ``sm_nobar``: the kernel's two explicit CTA barriers removed (each thread reads only what its own
+  cp.async copied; Gluon's shared-memory analysis puts barriers there anyway: same SASS count);
+- ``sm_nomerge``: also no reading or merging of the row's partial words (each program normalizes
+  with its own chunk's statistic);
+- ``sm_stream``: also no chunk statistic and no publishing (a store under a false mask keeps one
+  read of the chunk from shared memory and a CTA-wide min): cp.async into the ring, read back, exp,
+  store: the data path alone.
+Each edit is checked to apply (the script fails if a source changed under it).
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+KERNELS = pathlib.Path(__file__).resolve().parents[2] / "ringsoftmax" / "kernels"
+
+
+def edit(src: str, old: str, new: str) -> str:
+    if old not in src:
+        raise SystemExit(f"ablation no longer applies: {old.strip().splitlines()[0]!r} not found")
+    return src.replace(old, new)
+
+
+def attention(out: pathlib.Path) -> None:
+    src = (KERNELS / "attention_fwd_gluon.py").read_text()
+    exp = "        p = gl.exp2(s * qk_scale - m_sub[:, None])\n"
+    (out / "fa_noexp.py").write_text(edit(src, exp, "        p = s * qk_scale - m_sub[:, None]\n"))
+    body = ('''        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: p = 0
+        p = gl.exp2(s * qk_scale - m_sub[:, None])
+        alpha = gl.exp2(m_i - m_sub)
+        l_new = l_i * alpha + gl.sum(p, axis=1)
+        return p, m_new, l_new, alpha''')
+    (out / "fa_mmaonly.py").write_text(edit(src, body, "        return s, m_i, l_i, gl.full(m_i.shape, 1.0, gl.float32, "
+                                                       "m_i.type.layout)"))
+
+
+def staged(out: pathlib.Path) -> None:
+    src = (KERNELS / "softmax_staged.py").read_text()
+    nobar = edit(src, '''            # every thread is done with the slot refilled below (its row was written LAG rows ago)
+            _cta_barrier()
+''', "")
+    nobar = edit(nobar, '''                async_copy.wait_group(AHEAD)
+                _cta_barrier()
+''', '''                async_copy.wait_group(AHEAD)
+''')
+    (out / "sm_nobar.py").write_text(nobar)
+    nomerge = edit(nobar, '''                done, m, s = _row_stat(P + done_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
+                                       playout)
+                if not done:
+                    m, s = _row_from_global(A, B, done_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)''', '''                m = gl.to_tensor(0.0)
+                s = gl.to_tensor(1.0)''')
+    nomerge = edit(nomerge, '''            if t >= LAG:
+                words = _row_words(P + done_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+''', "")
+    (out / "sm_nomerge.py").write_text(nomerge)
+    stream = edit(nomerge, '''                cm, cs = _chunk_stat(a, b, BWD)
+                gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))''',
+                  '''                gl.store(P + row.to(gl.int64) * Q + q, _pack(gl.min(a, axis=0) * 0.0, gl.to_tensor(1.0)),
+                         mask=a.shape[0] < 0)''')
+    (out / "sm_stream.py").write_text(stream)
+
+
+def main():
+    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "ablations")
+    out.mkdir(parents=True, exist_ok=True)
+    attention(out)
+    staged(out)
+    print("wrote", ", ".join(sorted(p.name for p in out.glob("*.py"))), "to", out)
+
+
+if __name__ == "__main__":
+    main()
