@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import statistics
 
 import torch
 import triton
+
+from module_copies import load_copies  # same folder
 
 
 def main():
@@ -34,12 +35,7 @@ def main():
     ap.add_argument("--modules", default="")
     ap.add_argument("--rounds", type=int, default=1, help="timing rounds, variants in turn (medians)")
     args = ap.parse_args()
-    others = {}
-    for entry in filter(None, args.modules.split(",")):
-        name, path = entry.split("=")
-        spec = importlib.util.spec_from_file_location(f"gluon_probe_{name}", path)
-        others[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(others[name])
+    others = load_copies(args.modules)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=60, return_mode="median")  # noqa: E731
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)

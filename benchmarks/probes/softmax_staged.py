@@ -13,12 +13,12 @@ measured in the same run: forward 2 * bytes(x) / t, backward 3 * bytes(x) / t.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 
 import torch
 import triton
 
+from module_copies import load_copies  # same folder
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 from ringsoftmax.kernels import softmax_staged as S
@@ -95,13 +95,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds of the --modules comparison")
     ap.add_argument("--no-configs", action="store_true", help="skip the table of configurations")
     args = ap.parse_args()
-    others = {}
-    for entry in filter(None, args.modules.split(",")):
-        name, path = entry.split("=")
-        # named inside the package, so that the copy's relative imports resolve
-        spec = importlib.util.spec_from_file_location(f"ringsoftmax.kernels.probe_{name}", path)
-        others[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(others[name])
+    others = load_copies(args.modules)
     S.MAX_PROGRAMS_PER_ROW = args.max_programs
     for group in args.configs.split():
         key, cfgs = group.split("=")
