@@ -278,6 +278,18 @@ def test_bwd_split_cpu(n, dtype, persistent, poisoned, small_regimes, monkeypatc
 
 
 @cpu_only
+@pytest.mark.parametrize("reversed_", [False, True])
+def test_two_pass_second_pass_order_cpu(reversed_, poisoned, small_regimes, monkeypatch):
+    """The two-pass path's second pass (normalize, dx) in either tile order gives the float64 result."""
+    monkeypatch.setattr(F, "STREAM_SECOND_PASS_REVERSED", reversed_)
+    x = make_x(6, 4097, torch.float32, "cpu")
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[torch.float32])
+    yy, dy = softmax_pair(6, 4097, torch.float32, "cpu")
+    check_bwd(yy, dy, B.softmax_bwd(yy, dy), TOL[torch.float32])
+
+
+@cpu_only
 def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
     y, dy = softmax_pair(6, 300, torch.float32, "cpu")
     big = torch.randn(6, 400).to(torch.float16)
