@@ -29,6 +29,7 @@ CONFIGS = {  # (chunk, warps, stages, ahead, lag)
     ("bwd", 4): [(4096, 4, 3, 1, 1), (8192, 8, 3, 1, 1), (8192, 4, 3, 1, 1)],
     ("bwd", 2): [(8192, 4, 3, 1, 1), (16384, 8, 3, 1, 1)],
 }
+DEFAULT_EVICTS = (S.LOAD_EVICT, S.STORE_EVICT)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -94,6 +95,9 @@ def main():
     ap.add_argument("--modules", default="", help="name=path,... other copies of softmax_staged.py")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds of the --modules comparison")
     ap.add_argument("--no-configs", action="store_true", help="skip the table of configurations")
+    ap.add_argument("--evicts", default="",
+                    help="cache policies to run each config with, 'load:store,...' ('' = default policy), "
+                         "e.g. 'evict_first:evict_first,:'")
     args = ap.parse_args()
     others = load_copies(args.modules)
     S.MAX_PROGRAMS_PER_ROW = args.max_programs
@@ -147,9 +151,14 @@ def main():
                 if args.no_configs:
                     continue
                 folds = (True, False) if direction == "fwd" and elem == 2 else (S.FOLD_DIVISION_16BIT,)
-                for cfg, fold in [(c, f) for c in CONFIGS[(direction, elem)] for f in folds]:
+                evicts = [tuple(e.split(":")) for e in args.evicts.split(",")] if args.evicts else [None]
+                for cfg, fold, ev in [(c, f, e) for c in CONFIGS[(direction, elem)] for f in folds for e in evicts]:
                     S.FOLD_DIVISION_16BIT = fold
+                    if ev is not None:
+                        S.LOAD_EVICT, S.STORE_EVICT = ev
                     label = f"{cfg}{' fold' if fold and len(folds) > 1 else ''}"
+                    if ev is not None:
+                        label += f" load {ev[0] or 'default'} store {ev[1] or 'default'}"
                     before = F.sync_failures("cuda")
                     out.fill_(float("nan"))
                     try:
@@ -173,6 +182,7 @@ def main():
                           f"{nbytes / t / 1e6:.0f} | {100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | {fails}",
                           flush=True)
                 S.FOLD_DIVISION_16BIT = True
+                S.LOAD_EVICT, S.STORE_EVICT = DEFAULT_EVICTS
                 del ref, out
                 torch.cuda.empty_cache()
     print("sync failures in total:", F.sync_failures("cuda"))
