@@ -16,7 +16,8 @@ Staged softmax (``softmax_staged.py``):
   with its own chunk's statistic);
 - ``sm_stream``: also no chunk statistic and no publishing (a store under a false mask keeps one
   read of the chunk from shared memory and a CTA-wide min): cp.async into the ring, read back, exp,
-  store: the data path alone.
+  store: the data path alone;
+- ``sm_copy``: also no exp: the chunk copied through the ring as it is.
 Each edit is checked to apply (the script fails if a source changed under it).
 """
 from __future__ import annotations
@@ -71,6 +72,8 @@ def staged(out: pathlib.Path) -> None:
                   '''                gl.store(P + row.to(gl.int64) * Q + q, _pack(gl.min(a, axis=0) * 0.0, gl.to_tensor(1.0)),
                          mask=a.shape[0] < 0)''')
     (out / "sm_stream.py").write_text(stream)
+    copy = edit(stream, "out = _exp_over(a, shift, s, FOLD)", "out = a")
+    (out / "sm_copy.py").write_text(copy)
 
 
 def main():
