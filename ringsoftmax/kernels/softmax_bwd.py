@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from . import softmax_fwd as fwd
-from .softmax_fwd import chunk_ptrs, row_arrive, row_wait, stream_tile
+from .softmax_fwd import chunk_ptrs, load_tile, row_arrive, row_wait, store_tile, stream_tile
 
 #: Rows up to this length are handled whole by one program: 96% (fp32) and 100% (bf16) of copy at
 #: 32K with rows held in registers; at 64K they spilled (12-20%).
@@ -67,22 +67,8 @@ def _store_dx(DX, row, start, N, stride, offs, y, dy, delta):
 @triton.jit
 def _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN: tl.constexpr, EVICT: tl.constexpr):
     """y and dy on a (rows x cols) tile, as float32 (0 where masked, unless EVEN: no mask)."""
-    if EVEN:
-        y = tl.load(Y + rows_o[:, None] * stride_ym + cols[None, :], eviction_policy=EVICT)
-        dy = tl.load(DY + rows_o[:, None] * stride_dym + cols[None, :], eviction_policy=EVICT)
-    else:
-        y = tl.load(Y + rows_o[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
-        dy = tl.load(DY + rows_o[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
-    return y.to(tl.float32), dy.to(tl.float32)
-
-
-@triton.jit
-def _store_dx_tile(DX, rows_o, cols, mask, stride_dxm, dx, EVEN: tl.constexpr):
-    """dx on a (rows x cols) tile, in DX's dtype (masked unless EVEN)."""
-    if EVEN:
-        tl.store(DX + rows_o[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty))
-    else:
-        tl.store(DX + rows_o[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    return (load_tile(Y, rows_o, cols, mask, stride_ym, 0.0, EVEN, EVICT),
+            load_tile(DY, rows_o, cols, mask, stride_dym, 0.0, EVEN, EVICT))
 
 
 @triton.jit
@@ -105,7 +91,7 @@ def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
         y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, LOAD_EVICT)
         delta = tl.sum(y * dy, axis=1)
         if STORE_DX:
-            _store_dx_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
+            store_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
         else:
             tl.store(DELTA + rows, delta, mask=row_ok)
     else:
@@ -123,7 +109,7 @@ def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
                 cols = c0 + tl.arange(0, CHUNK)
                 mask = row_ok[:, None] & (cols[None, :] < N)
                 y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, "evict_first")
-                _store_dx_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
+                store_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
         else:
             tl.store(DELTA + rows, delta, mask=row_ok)
 
@@ -136,7 +122,7 @@ def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, st
     rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, REVERSED)
     y, dy = _load_pair_tile(Y, DY, rows64, cols, mask, stride_ym, stride_dym, False, "")
     delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
-    _store_dx_tile(DX, rows64, cols, mask, stride_dxm, y * (dy - delta[:, None]), False)
+    store_tile(DX, rows64, cols, mask, stride_dxm, y * (dy - delta[:, None]), False)
 
 
 @triton.jit
@@ -144,8 +130,7 @@ def _partial_dot_kernel(Y, DY, PD, M, N, K, stride_ym, stride_dym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K)."""
     rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, False)
-    y = tl.load(Y + rows64[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y, dy = _load_pair_tile(Y, DY, rows64, cols, mask, stride_ym, stride_dym, False, "")
     tl.store(PD + rows64 * K + k, tl.sum(y * dy, axis=1), mask=row_ok)
 
 

@@ -136,6 +136,26 @@ def stream_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED:
 
 
 @triton.jit
+def load_tile(P, rows_o, cols, mask, stride, other, EVEN: tl.constexpr, EVICT: tl.constexpr):
+    """A (rows x cols) tile of P (row offsets ``rows_o``, row stride ``stride``), as float32: ``other``
+    where masked, or no mask at all with EVEN (the rows kernels' exact tiles, ``rows_tile_args``)."""
+    if EVEN:
+        t = tl.load(P + rows_o[:, None] * stride + cols[None, :], eviction_policy=EVICT)
+    else:
+        t = tl.load(P + rows_o[:, None] * stride + cols[None, :], mask=mask, other=other, eviction_policy=EVICT)
+    return t.to(tl.float32)
+
+
+@triton.jit
+def store_tile(P, rows_o, cols, mask, stride, v, EVEN: tl.constexpr):
+    """Store a (rows x cols) tile ``v`` into P in P's dtype (masked unless EVEN; see ``load_tile``)."""
+    if EVEN:
+        tl.store(P + rows_o[:, None] * stride + cols[None, :], v.to(P.dtype.element_ty))
+    else:
+        tl.store(P + rows_o[:, None] * stride + cols[None, :], v.to(P.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def chunk_ptrs(X, row, start, N, stride, offs):
     """Pointers and mask of the chunk ``[start, start + len(offs))`` of row ``row`` (64-bit offsets)."""
     base = X + tl.cast(row, tl.int64) * stride + start
@@ -203,12 +223,7 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
     mask = row_ok[:, None] & (cols[None, :] < N)
     rows_o = rows.to(tl.int64) if OFFS64 else rows
     # load the rows; padding is -inf, which adds nothing to a sum of exponentials
-    if EVEN:
-        x = tl.load(X + rows_o[:, None] * stride_xm + cols[None, :], eviction_policy=LOAD_EVICT)
-    else:
-        x = tl.load(X + rows_o[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"),
-                    eviction_policy=LOAD_EVICT)
-    x = x.to(tl.float32)
+    x = load_tile(X, rows_o, cols, mask, stride_xm, float("-inf"), EVEN, LOAD_EVICT)
     # row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
     m = tl.max(x, axis=1)
     shift = tl.where(m == float("-inf"), 0.0, m)
@@ -222,11 +237,7 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
         if STORE_LSE:
             tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
         inv = tl.where(s > 0, 1.0 / s, 0.0)
-        y = (e * inv[:, None]).to(Y.dtype.element_ty)
-        if EVEN:
-            tl.store(Y + rows_o[:, None] * stride_ym + cols[None, :], y)
-        else:
-            tl.store(Y + rows_o[:, None] * stride_ym + cols[None, :], y, mask=mask)
+        store_tile(Y, rows_o, cols, mask, stride_ym, e * inv[:, None], EVEN)
 
 
 @triton.jit
@@ -297,8 +308,7 @@ def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)."""
     rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, False)
-    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
-    x = x.to(tl.float32)
+    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), False, "")
     m = tl.max(x, axis=1)
     shift = tl.where(m == float("-inf"), 0.0, m)
     s = tl.sum(tl.exp(x - shift[:, None]), axis=1)
@@ -334,14 +344,13 @@ def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr):
     """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0."""
     rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, REVERSED)
-    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"))
+    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), False, "")
     shift = tl.load(SHIFT + rows, mask=row_ok, other=0.0)
     # exp(x - inf) = 0 for every x <= +large: an empty row gives 0, not exp(-inf + inf) = NaN
     shift = tl.where(shift == float("-inf"), float("inf"), shift)
-    y = tl.exp(x.to(tl.float32) - shift[:, None])
+    y = tl.exp(x - shift[:, None])
     s = tl.load(SUM + rows, mask=row_ok, other=0.0)
-    y = y * tl.where(s > 0, 1.0 / s, 0.0)[:, None]
-    tl.store(Y + rows64[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    store_tile(Y, rows64, cols, mask, stride_ym, y * tl.where(s > 0, 1.0 / s, 0.0)[:, None], False)
 
 
 # ----------------------------------------------------------------------------------------------
