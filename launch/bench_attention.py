@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
 import sys
 import time
 
@@ -29,6 +28,7 @@ from ringsoftmax.kernels import attention_config as config  # noqa: E402
 from ringsoftmax.kernels import attention_fwd as fwd_mod  # noqa: E402
 from ringsoftmax.kernels.attention_bwd import attention_bwd, attention_delta  # noqa: E402
 from ringsoftmax.kernels.attention_fwd import attention_fwd  # noqa: E402
+from timing import interleaved_medians  # noqa: E402  (this folder)
 
 HEADS, TOKENS, DTYPE = 16, 32768, torch.bfloat16
 
@@ -116,17 +116,6 @@ def peer_calls(fn, q, k, v, do, causal):
             tuple(x.detach().transpose(1, 2) for x in (out, *grads)), first_s)
 
 
-def interleaved_medians(calls, rounds):
-    """name -> (median fwd ms, median fwd+bwd ms) over ``rounds`` rounds; each round times every
-    contestant once, in turn, so slow drifts of the GPU's clock touch all of them alike."""
-    times = {name: ([], []) for name in calls}
-    for _ in range(rounds):
-        for name, pair in calls.items():
-            for i, f in enumerate(pair):
-                times[name][i].append(bench(f))
-    return {name: tuple(statistics.median(t) for t in ts) for name, ts in times.items()}
-
-
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -134,7 +123,7 @@ def rel(a, b):
 # ----------------------------------------------------------------------------- the table
 def table(seqs, dims, budget_s, choice=None, rounds=3):
     """One row per (D, causal, S); ``choice[(D, causal)]`` overrides our tiles (from a sweep). Each
-    cell is the median over ``rounds`` interleaved rounds (``interleaved_medians``)."""
+    cell is the median over ``rounds`` interleaved rounds (``timing.interleaved_medians``)."""
     t0 = time.time()
     peers = {"cudnn": sdpa_fn("cudnn"), "flash": sdpa_fn("flash"), "flex": None}
     try:
@@ -170,7 +159,9 @@ def table(seqs, dims, budget_s, choice=None, rounds=3):
                 with config.override(**ov):
                     mine = ours_fwd_bwd(q, k, v, do, causal)
                     calls["ours"] = (lambda: ours_fwd(q, k, v, causal), lambda: ours_fwd_bwd(q, k, v, do, causal))
-                    res = interleaved_medians(calls, rounds)
+                    t = interleaved_medians({(name, i): f for name, pair in calls.items() for i, f in enumerate(pair)},
+                                            rounds, bench)
+                    res = {name: (t[(name, 0)], t[(name, 1)]) for name in calls}
                 # agreement with cuDNN (both bf16): out, and the worst of dq, dk, dv
                 err = (float("nan"),) * 2 if ref is None else (rel(mine[0], ref[0]),
                                                                max(rel(a, b) for a, b in zip(mine[1:], ref[1:])))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import statistics
 import sys
 
 import torch
@@ -24,6 +23,7 @@ import triton
 
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
+from timing import interleaved_medians  # this folder
 
 TOTAL = 1 << 28
 SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
@@ -83,16 +83,6 @@ def peer_calls(fn, x, dy):
         return msg, msg
 
 
-def interleaved_medians(calls: dict, rounds: int) -> dict:
-    """name -> median ms over ``rounds`` rounds, each timing every callable once, in turn (so a slow
-    drift of the GPU touches all alike); strings (a missing or failing peer) pass through."""
-    times = {k: [] for k, f in calls.items() if not isinstance(f, str)}
-    for _ in range(rounds):
-        for k in times:
-            times[k].append(bench(calls[k]))
-    return {k: (statistics.median(times[k]) if k in times else f) for k, f in calls.items()}
-
-
 def max_err(x) -> tuple[float, float]:
     """Max abs error of our y and lse against float64 torch, on rows of x."""
     rows = x[: max(1, min(x.shape[0], 8))]
@@ -129,7 +119,7 @@ def run_table(args, copy, log):
             for k, v in peers.items():
                 pf, pb = (v, v) if isinstance(v, str) else peer_calls(v, x, dy)
                 calls[(k, "fwd")], calls[(k, "bwd")] = pf, pb
-            t = interleaved_medians(calls, args.rounds)
+            t = interleaved_medians(calls, args.rounds, bench)
             for direction, mult in (("fwd", 2), ("bwd", 3)):
                 g = gbs(mult * nb, t[("ours", direction)])
                 g_lse = fmt(gbs(mult * nb, t[("ours+lse", direction)])) if direction == "fwd" else "-"
@@ -143,6 +133,19 @@ def run_table(args, copy, log):
             del x, dy, y, calls
             torch.cuda.empty_cache()
     return summary
+
+
+@contextlib.contextmanager
+def knobs(module, **values):
+    """Set module-level knobs for the block, then restore them."""
+    old = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
 
 
 # name -> ([(module, {knob: value})], which rows it applies to: "rows" (N <= ROWS_MAX_N), "split",
