@@ -70,7 +70,7 @@ STAGED = True
 #: less per element; see ``_exp_over``).
 FOLD_DIVISION_16BIT = True
 #: Cache policies of the cp.async loads and of the output stores ("" = the default policy). On an
-#: H200 (session 11) the default store policy beat evict_first by 0.2-1.0 points of copy in every
+#: H200 (session 11) the default store policy beat evict_first by 0.1-1.0 points of copy in every
 #: forward cell at 64K-4M and 0.1-0.4 backward; the load policy moved nothing beyond +-0.3.
 LOAD_EVICT = "evict_first"
 STORE_EVICT = ""
