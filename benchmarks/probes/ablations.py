@@ -10,13 +10,14 @@ Attention forward (``attention_fwd_gluon.py``):
 - ``fa_mmaonly``: no online softmax at all (p = s, m and l unchanged, alpha = 1): the matmuls and the
   pipeline alone.
 Staged softmax (``softmax_staged.py``):
-- ``sm_nobar``: the kernel's two explicit CTA barriers removed (each thread reads only what its own
-  cp.async copied; Gluon's shared-memory analysis puts barriers there anyway: same SASS count);
+- ``sm_nobar``: the kernel's two explicit CTA barriers of the cp.async ring removed (each thread
+  reads only what its own cp.async copied; Gluon's shared-memory analysis puts barriers there
+  anyway: same SASS count);
 - ``sm_nomerge``: also no reading or merging of the row's partial words (each program normalizes
   with its own chunk's statistic);
 - ``sm_stream``: also no chunk statistic and no publishing (a store under a false mask keeps one
-  read of the chunk from shared memory and a CTA-wide min): cp.async into the ring, read back, exp,
-  store: the data path alone;
+  read of the chunk from shared memory and a CTA-wide min): cp.async or TMA into the ring (as the
+  table says), read back, exp, store: the data path alone;
 - ``sm_copy``: also no exp: the chunk copied through the ring as it is.
 Each edit is checked to apply (the script fails if a source changed under it).
 """
@@ -50,12 +51,13 @@ def attention(out: pathlib.Path) -> None:
 
 def staged(out: pathlib.Path) -> None:
     src = (KERNELS / "softmax_staged.py").read_text()
-    nobar = edit(src, '''            # every thread is done with the slot refilled below (its row was written LAG rows ago)
+    nobar = edit(src, '''                tma.store_wait(0)
             _cta_barrier()
-''', "")
-    nobar = edit(nobar, '''                async_copy.wait_group(AHEAD)
-                _cta_barrier()
-''', '''                async_copy.wait_group(AHEAD)
+''', '''                tma.store_wait(0)
+''')
+    nobar = edit(nobar, '''                    async_copy.wait_group(AHEAD)
+                    _cta_barrier()
+''', '''                    async_copy.wait_group(AHEAD)
 ''')
     (out / "sm_nobar.py").write_text(nobar)
     nomerge = edit(nobar, '''                done, m, s = _row_stat(P + done_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,

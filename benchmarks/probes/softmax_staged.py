@@ -1,10 +1,11 @@
 """Probe: the staged (shared-memory) split-row softmax kernel against the current default, side by side.
 
 Run on a GPU:  python3 benchmarks/probes/softmax_staged.py [--sizes 65536,1048576] [--dtypes fp32,bf16]
-                   [--modules name=path,...] [--rounds R]
+                   [--modules name=path,...] [--tma 0:0,1:0,1:1] [--rounds R]
 
 ``--modules`` also times other copies of ``softmax_staged.py`` (e.g. a commit's version) with their own
-table configs, against the library's, in turn for ``--rounds`` rounds (medians).
+table configs, against the library's, in turn for ``--rounds`` rounds (medians); ``--tma`` the same
+for the TMA load / store options of the table's configs.
 
 For each (N, M = 2^28 / N, dtype, direction) it checks every staged configuration against float64
 (max error, and the fraction of the grid that works) and prints % of a device-to-device copy
@@ -23,11 +24,11 @@ from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 from ringsoftmax.kernels import softmax_staged as S
 
-CONFIGS = {  # (chunk, warps, stages, ahead, lag)
-    ("fwd", 4): [(8192, 4, 3, 1, 1), (16384, 8, 3, 1, 1)],
-    ("fwd", 2): [(8192, 4, 3, 1, 1), (16384, 4, 3, 1, 1)],
-    ("bwd", 4): [(4096, 4, 3, 1, 1), (8192, 8, 3, 1, 1), (8192, 4, 3, 1, 1)],
-    ("bwd", 2): [(8192, 4, 3, 1, 1), (16384, 8, 3, 1, 1)],
+CONFIGS = {  # (chunk, warps, stages, ahead, lag, loads by TMA)
+    ("fwd", 4): [(8192, 4, 3, 1, 1, False), (16384, 8, 3, 1, 1, False)],
+    ("fwd", 2): [(8192, 4, 3, 1, 1, True), (16384, 4, 3, 1, 1, True)],
+    ("bwd", 4): [(4096, 4, 3, 1, 1, False), (8192, 8, 3, 1, 1, False), (8192, 4, 3, 1, 1, False)],
+    ("bwd", 2): [(8192, 4, 3, 1, 1, False), (16384, 8, 3, 1, 1, False)],
 }
 DEFAULT_EVICTS = (S.LOAD_EVICT, S.STORE_EVICT)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,39 +47,66 @@ def copy_gbs() -> float:
     return 2 * 4 * (1 << 29) / t / 1e6
 
 
-def compare_modules(others, direction, dname, n, m, inputs, ref, scale, nbytes, copy, rounds):
-    """Time the library's staged launch and each other module's (its own table config) in turn."""
+def compare(variants, direction, dname, n, m, inputs, ref, scale, nbytes, copy, rounds):
+    """Time variants of the staged launch in turn for ``rounds`` rounds (medians), each checked first.
+
+    ``variants``: name -> launch(direction, a, b, out, lse) (returns False where a row is too long)."""
     if direction == "fwd":
         a = b = inputs
         out, lse = torch.empty_like(a), torch.empty(m, device="cuda")
     else:
         a, b = inputs
         out = lse = torch.empty_like(b)
-    caches = {}
-
-    def runner(name, mod):
-        def run():
-            F._OCCUPANCY = caches.setdefault(name, {})  # each copy's kernel has its own occupancy
-            return mod.launch(direction, a, b, out, lse)
-        return run
-
-    runs = {name: runner(name, mod) for name, mod in [("library", S)] + list(others.items())}
+    runs = {name: (lambda launch=launch: launch(direction, a, b, out, lse)) for name, launch in variants.items()}
     errs, times = {}, {}
     for name, run in runs.items():
         out.fill_(float("nan"))
+        before = F.sync_failures("cuda")
         if not run():
-            print(f"{direction} | {dname} | {n} | {m} | module {name} | row too long | - | - | - | -")
+            print(f"{direction} | {dname} | {n} | {m} | {name} | row too long | - | - | - | -")
             continue
         torch.cuda.synchronize()
         errs[name], times[name] = (out.double() - ref).abs().max().item() / scale, []
+        errs[name] = (errs[name], F.sync_failures("cuda") - before)
     for _ in range(rounds):
         for name in times:
             times[name].append(bench(runs[name]))
     for name in times:
         t = statistics.median(times[name])
-        print(f"{direction} | {dname} | {n} | {m} | module {name} | - | {nbytes / t / 1e6:.0f} | "
-              f"{100 * nbytes / t / 1e6 / copy:.1f} | {errs[name]:.1e} | -", flush=True)
-    F._OCCUPANCY = caches.get("library", F._OCCUPANCY)
+        print(f"{direction} | {dname} | {n} | {m} | {name} | - | {nbytes / t / 1e6:.0f} | "
+              f"{100 * nbytes / t / 1e6 / copy:.1f} | {errs[name][0]:.1e} | {errs[name][1]}", flush=True)
+
+
+def module_variants(others):
+    """The library's staged launch and each other copy's (its own table config and occupancy cache)."""
+    caches = {}
+
+    def variant(name, mod):
+        def launch(*args):
+            F._OCCUPANCY = caches.setdefault(name, {})
+            return mod.launch(*args)
+        return launch
+
+    return {f"module {name}": variant(name, mod) for name, mod in [("library", S)] + list(others.items())}
+
+
+def tma_variants(combos):
+    """The library's staged launch (table config) with each (loads by TMA, TMA_STORE) of ``combos``
+    ('1:0,...')."""
+    def variant(load, store):
+        def launch(direction, a, b, out, lse):
+            elem = max(a.element_size(), b.element_size())
+            config = S.staged_config(direction, elem, a.shape[1])[:5] + (load,)
+            default, S.TMA_STORE = S.TMA_STORE, store
+            try:
+                return S.launch(direction, a, b, out, lse, config)
+            finally:
+                S.TMA_STORE = default
+        return launch
+
+    pairs = [tuple(bool(int(v)) for v in c.split(":")) for c in combos.split(",")]
+    return {f"load {'tma' if ld else 'cp.async'} store {'tma' if st else 'st.global'}": variant(ld, st)
+            for ld, st in pairs}
 
 
 def main():
@@ -89,11 +117,13 @@ def main():
     ap.add_argument("--dirs", default="fwd,bwd")
     ap.add_argument("--configs", default="",
                     help="replace the configs of some (direction, element size): "
-                         "'fwd/4=4096:4:4:2:1,8192:8:3:1:1 bwd/2=...' (chunk:warps:stages:ahead:lag)")
+                         "'fwd/4=4096:4:4:2:1:0,8192:8:3:1:1:1 bwd/2=...' (chunk:warps:stages:ahead:lag:tma)")
     ap.add_argument("--max-programs", type=int, default=S.MAX_PROGRAMS_PER_ROW,
                     help="most programs per row (the kernel reads a row's partial words as one block)")
     ap.add_argument("--modules", default="", help="name=path,... other copies of softmax_staged.py")
-    ap.add_argument("--rounds", type=int, default=3, help="timing rounds of the --modules comparison")
+    ap.add_argument("--tma", default="",
+                    help="time the table's configs with these TMA_LOAD:TMA_STORE pairs side by side, e.g. 0:0,1:0,1:1")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds of the --modules / --tma comparisons")
     ap.add_argument("--no-configs", action="store_true", help="skip the table of configurations")
     ap.add_argument("--evicts", default="",
                     help="cache policies to run each config with, 'load:store,...' ('' = default policy), "
@@ -104,7 +134,8 @@ def main():
     for group in args.configs.split():
         key, cfgs = group.split("=")
         direction, elem = key.split("/")
-        CONFIGS[(direction, int(elem))] = [tuple(map(int, c.split(":"))) for c in cfgs.split(",")]
+        CONFIGS[(direction, int(elem))] = [tuple(map(int, c.split(":")[:5])) + (c.split(":")[5] == "1",)
+                                           for c in cfgs.split(",")]
     F.SPIN_MAX = 1 << 16  # a grid that is not resident gives up fast instead of stalling the run
     copy = copy_gbs()
     print(f"copy {copy:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
@@ -145,9 +176,10 @@ def main():
                     print(f"{direction} | {dname} | {n} | {m} | {name} | - | {nbytes / t / 1e6:.0f} | "
                           f"{100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | -", flush=True)
                 S.STAGED = True
-                if others:
-                    compare_modules(others, direction, dname, n, m, x if direction == "fwd" else (y, dy), ref,
-                                    scale, nbytes, copy, args.rounds)
+                for variants in ([module_variants(others)] if others else []) + (
+                        [tma_variants(args.tma)] if args.tma else []):
+                    compare(variants, direction, dname, n, m, x if direction == "fwd" else (y, dy), ref, scale,
+                            nbytes, copy, args.rounds)
                 if args.no_configs:
                     continue
                 folds = (True, False) if direction == "fwd" and elem == 2 else (S.FOLD_DIVISION_16BIT,)

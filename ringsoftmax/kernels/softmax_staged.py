@@ -12,9 +12,10 @@ reduces its chunk and publishes the partial as one 64-bit word (two float32 halv
 as PENDING_WORD, so a reader knows which have arrived without a counter, an atomic or a release
 fence, which would wait for the program's earlier stores). Where the Triton persistent kernel
 (``softmax_fwd.py``) re-reads the chunk from L2 once the row's partials are in, this one keeps it on
-chip: chunks arrive by ``cp.async`` into a ring of ``STAGES`` shared-memory
-slots, ``AHEAD`` rows ahead of the reduction, and a row is written ``LAG`` rows after its own
-reduction, when the other programs' partials have long arrived. HBM traffic is the floor (one read
+chip: chunks arrive by ``cp.async`` (or one TMA bulk copy per chunk, where the config asks for it on
+sm_90+) into a ring of ``STAGES`` shared-memory slots, ``AHEAD`` rows ahead of the reduction, and a
+row is written ``LAG`` rows after its own reduction, when the other programs' partials have long
+arrived. HBM traffic is the floor (one read
 of each input, one write) and no register holds a chunk across the wait; the wait itself is off the
 critical path unless a program falls more than ``LAG`` rows behind.
 
@@ -40,6 +41,10 @@ try:  # Gluon ships with triton >= 3.5; without it the Triton split paths run
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     # the cp.async builtin's name: async_copy_global_to_shared in triton 3.6, async_load from 3.7 on
     _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     # the CTA barrier: thread_barrier in triton 3.6, barrier from 3.7 on
@@ -50,15 +55,17 @@ except ImportError:  # pragma: no cover - older triton
 #: Configurations, by direction and element size (the larger of y and dy backward), each a list of
 #: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
 #: Config: (chunk elements per program, num_warps, shared-memory slots, rows loaded ahead, rows of
-#: lag); slots must cover the rows in use at once: AHEAD + LAG + 1 <= STAGES. Chosen on an H200 from
-#: benchmarks/probes/softmax_staged.py (.notes/softmax.md): 3 slots (2 programs per multiprocessor
-#: at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points (session 5); 16-bit forward
-#: chunks of 16K against 8K: +0.5-1 point at 64K-1M, +2 at 2M, +5 at 4M (session 6).
+#: lag, loads by TMA); slots must cover the rows in use at once: AHEAD + LAG + 1 <= STAGES. Chosen on
+#: an H200 from benchmarks/probes/softmax_staged.py (.notes/softmax.md): 3 slots (2 programs per
+#: multiprocessor at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points (session 5); 16-bit
+#: forward chunks of 16K against 8K: +0.5-1 point at 64K-1M, +2 at 2M, +5 at 4M (session 6); TMA
+#: loads against cp.async (session 12): 16-bit forward +0.5 to +4.6 points at 64K-4M; fp32 forward
+#: -0.4 to +0.6; backward -0.5 to -14.6.
 STAGED_CONFIG = {
-    ("fwd", 4): [(0, (8192, 4, 3, 1, 1))],
-    ("fwd", 2): [(0, (8192, 4, 3, 1, 1)), (65536, (16384, 4, 3, 1, 1))],
-    ("bwd", 4): [(0, (4096, 4, 3, 1, 1))],
-    ("bwd", 2): [(0, (8192, 4, 3, 1, 1))],
+    ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False))],
+    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True))],
+    ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False))],
+    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -74,6 +81,14 @@ FOLD_DIVISION_16BIT = True
 #: forward cell at 64K-4M and 0.1-0.4 backward; the load policy moved nothing beyond +-0.3.
 LOAD_EVICT = "evict_first"
 STORE_EVICT = ""
+#: TMA (Hopper's bulk tensor copies, sm_90+) for the chunks: ``TMA_LOADS`` lets the configs that
+#: ask for it load each chunk as one copy per program and row, completing on an mbarrier (False:
+#: cp.async everywhere); ``TMA_STORE`` writes the output back into its slot and out by one bulk copy.
+#: Rows need a multiple of 16 bytes and 16-byte aligned pointers and row strides (``tma_width``);
+#: others take cp.async and pointer stores. TMA stores against pointer stores on an H200 (session
+#: 12): -5.6 to +0.6 points in the forward (lower in 10 of 12 cells), -0.7 to -2.5 backward: off.
+TMA_LOADS = True
+TMA_STORE = False
 #: Most programs one row can have (the partial words of a row are read as one block of this size).
 MAX_PROGRAMS_PER_ROW = 512
 #: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
@@ -87,13 +102,38 @@ if gluon is not None:
     LOG2E = gl.constexpr(1.4426950408889634)
 
     @gluon.jit
-    def _issue(A, B, buf_a, buf_b, row, start, stride_a, stride_b, offs, ok,
-               BWD: gl.constexpr, EVICT: gl.constexpr):
-        """Start the cp.async copies of this program's chunk of ``row`` into one ring slot."""
-        row64 = row.to(gl.int64)
-        _cp_async(buf_a, A + row64 * stride_a + start + offs, mask=ok, eviction_policy=EVICT)
-        if BWD:
-            _cp_async(buf_b, B + row64 * stride_b + start + offs, mask=ok, eviction_policy=EVICT)
+    def _issue(A, B, DA, DB, ring_a, ring_b, bars, i, row, q, start, stride_a, stride_b, offs, ok,
+               BWD: gl.constexpr, EVICT: gl.constexpr, TMA: gl.constexpr):
+        """Start the copies of this program's chunk of ``row`` into ring slot ``i``: cp.async (counted
+        by the thread's commit groups) or, ``TMA``, one bulk copy per input completing on ``bars[i]``."""
+        if TMA:
+            if BWD:
+                mbarrier.expect(bars.index(i), DA.block_type.nbytes + DB.block_type.nbytes)
+            else:
+                mbarrier.expect(bars.index(i), DA.block_type.nbytes)
+            rows_per_chunk: gl.constexpr = DA.block_type.shape[1]
+            _tma_load(DA, [row, q * rows_per_chunk, 0], bars.index(i), _box(ring_a.index(i)))
+            if BWD:
+                _tma_load(DB, [row, q * rows_per_chunk, 0], bars.index(i), _box(ring_b.index(i)))
+        else:
+            row64 = row.to(gl.int64)
+            _cp_async(_flat(ring_a.index(i)), A + row64 * stride_a + start + offs, mask=ok, eviction_policy=EVICT)
+            if BWD:
+                _cp_async(_flat(ring_b.index(i)), B + row64 * stride_b + start + offs, mask=ok,
+                          eviction_policy=EVICT)
+
+    @gluon.jit
+    def _flat(slot):
+        """A ring slot seen as one row of its elements (the registers' view)."""
+        n: gl.constexpr = slot.shape[0] * slot.shape[1]
+        return slot._reinterpret(slot.dtype, [n], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+    @gluon.jit
+    def _box(slot):
+        """A ring slot (R, W) seen as the (1, R, W) box of an (M, N / W, W) descriptor (TMA's view)."""
+        return slot._reinterpret(slot.dtype, [1, slot.shape[0], slot.shape[1]],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                      element_bitwidth=slot.dtype.primitive_bitwidth, rank=3))
 
     @gluon.jit
     def _pack(stat, aux):
@@ -206,25 +246,52 @@ if gluon is not None:
         return m, s
 
     @gluon.jit(do_not_specialize=["M", "Q", "G", "spin_max"])
-    def _staged_kernel(A, B, OUT, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, G, spin_max,
+    def _staged_kernel(A, B, OUT, DA, DB, DO, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, G, spin_max,
                        BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
                        LAG: gl.constexpr, PBLK: gl.constexpr, LOAD_EVICT: gl.constexpr,
-                       STORE_EVICT: gl.constexpr, FOLD: gl.constexpr):
+                       STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
+                       TMA_STORE: gl.constexpr, TMA_W: gl.constexpr):
         """Program (slot, q) of a G x Q grid: chunk q of rows slot, slot + G, ... (see the module doc).
 
         A (M, N) is x forward / y backward, B is dy backward (A again forward); OUT (M, N) contiguous;
         LSE (M,) float32 (forward only); P (M, Q) int64 partial words, all PENDING_WORD; Q <= PBLK.
         FOLD: the forward's division folded into its exponent (16-bit outputs, see ``_exp_over``).
+        TMA_LOAD / TMA_STORE: the chunks move by TMA through DA, DB (loads) and DO (stores), the
+        (M, N / TMA_W, TMA_W) views of A, B and OUT with (1, CHUNK / TMA_W, TMA_W) boxes (unused
+        otherwise); the output then leaves from the slot of the input of its dtype (B backward).
         """
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        ring_a = gl.allocate_shared_memory(A.dtype.element_ty, [STAGES, CHUNK], shared)
+        # the ring: STAGES slots of (R, W) = one chunk each, row-major (no swizzle) in both layouts
+        if TMA_LOAD or TMA_STORE:
+            W: gl.constexpr = TMA_W
+            shared_a: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                          element_bitwidth=A.dtype.element_ty.primitive_bitwidth,
+                                                          rank=2)
+            shared_b: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                          element_bitwidth=B.dtype.element_ty.primitive_bitwidth,
+                                                          rank=2)
+        else:
+            W: gl.constexpr = CHUNK
+            shared_a: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            shared_b: gl.constexpr = shared_a
+        ring_a = gl.allocate_shared_memory(A.dtype.element_ty, [STAGES, CHUNK // W, W], shared_a)
         if BWD:
-            ring_b = gl.allocate_shared_memory(B.dtype.element_ty, [STAGES, CHUNK], shared)
+            ring_b = gl.allocate_shared_memory(B.dtype.element_ty, [STAGES, CHUNK // W, W], shared_b)
         else:
             ring_b = ring_a
+        if BWD:
+            ring_o = ring_b  # dx leaves from dy's slot (same dtype)
+        else:
+            ring_o = ring_a
+        if TMA_LOAD:  # one barrier per slot: its copies have landed
+            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(bars.index(i), count=1)
+            fence_async_shared()
+        else:
+            bars = ring_a  # unused
 
         pid = gl.program_id(0)
         slot = pid // Q
@@ -237,18 +304,28 @@ if gluon is not None:
         # prologue: the first AHEAD rows' chunks start arriving
         for i in gl.static_range(AHEAD):
             if i < rows:
-                _issue(A, B, ring_a.index(i), ring_b.index(i), slot + i * G, start, stride_a, stride_b,
-                       offs, ok, BWD, LOAD_EVICT)
-            async_copy.commit_group()
+                _issue(A, B, DA, DB, ring_a, ring_b, bars, i, slot + i * G, q, start, stride_a, stride_b, offs,
+                       ok, BWD, LOAD_EVICT, TMA_LOAD)
+            if not TMA_LOAD:
+                async_copy.commit_group()
 
         for t in range(0, rows + LAG):
-            # every thread is done with the slot refilled below (its row was written LAG rows ago)
+            # every thread is done with the slot refilled below (its row was written LAG rows ago),
+            # and so is the TMA store that wrote it out
+            if TMA_STORE:
+                tma.store_wait(0)
             _cta_barrier()
             ahead = t + AHEAD
-            if ahead < rows:
-                _issue(A, B, ring_a.index(ahead % STAGES), ring_b.index(ahead % STAGES), slot + ahead * G, start,
-                       stride_a, stride_b, offs, ok, BWD, LOAD_EVICT)
-            async_copy.commit_group()  # one group per step, empty or not, so the count below holds
+            if TMA_LOAD:
+                fence_async_shared()  # the threads' accesses to the slot come before the copy's writes
+                if ahead < rows:
+                    _issue(A, B, DA, DB, ring_a, ring_b, bars, ahead % STAGES, slot + ahead * G, q, start,
+                           stride_a, stride_b, offs, ok, BWD, LOAD_EVICT, TMA_LOAD)
+            else:
+                if ahead < rows:
+                    _issue(A, B, DA, DB, ring_a, ring_b, bars, ahead % STAGES, slot + ahead * G, q, start,
+                           stride_a, stride_b, offs, ok, BWD, LOAD_EVICT, TMA_LOAD)
+                async_copy.commit_group()  # one group per step, empty or not, so the count below holds
 
             # the partial words of row t - LAG start arriving; they are used after this row's reduction
             done_row = slot + (t - LAG) * G
@@ -258,18 +335,21 @@ if gluon is not None:
 
             # reduce row t's chunk as soon as it is in and publish the partial (no wait, no fence)
             if t < rows:
-                async_copy.wait_group(AHEAD)
-                _cta_barrier()
+                if TMA_LOAD:
+                    mbarrier.wait(bars.index(t % STAGES), (t // STAGES) & 1)
+                else:
+                    async_copy.wait_group(AHEAD)
+                    _cta_barrier()
                 row = slot + t * G
                 if not BWD:
                     if start + CHUNK > N:
                         # the row's last chunk: its tail was copied as zeros; the forward needs -inf
-                        tail = ring_a.index(t % STAGES)
+                        tail = _flat(ring_a.index(t % STAGES))
                         tail.store(gl.where(ok, tail.load(layout), float("-inf")))
-                a = ring_a.index(t % STAGES).load(layout).to(gl.float32)
+                a = _flat(ring_a.index(t % STAGES)).load(layout).to(gl.float32)
                 b = a
                 if BWD:
-                    b = ring_b.index(t % STAGES).load(layout).to(gl.float32)
+                    b = _flat(ring_b.index(t % STAGES)).load(layout).to(gl.float32)
                 cm, cs = _chunk_stat(a, b, BWD)
                 gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
 
@@ -279,17 +359,30 @@ if gluon is not None:
                                        playout)
                 if not done:
                     m, s = _row_from_global(A, B, done_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
-                a = ring_a.index((t - LAG) % STAGES).load(layout).to(gl.float32)
+                a = _flat(ring_a.index((t - LAG) % STAGES)).load(layout).to(gl.float32)
                 if BWD:
-                    b = ring_b.index((t - LAG) % STAGES).load(layout).to(gl.float32)
+                    b = _flat(ring_b.index((t - LAG) % STAGES)).load(layout).to(gl.float32)
                     out = a * (b - m)
                 else:
                     shift = gl.where(m == float("-inf"), 0.0, m)
                     gl.store(LSE + done_row, m + gl.log(s), mask=q == 0)
                     out = _exp_over(a, shift, s, FOLD)  # a row with sum 0 is all -inf: y = 0
-                optrs = OUT + done_row.to(gl.int64) * stride_o + start + offs
-                gl.store(optrs, out.to(OUT.dtype.element_ty), mask=ok, eviction_policy=STORE_EVICT)
-        async_copy.wait_group(0)
+                out = out.to(OUT.dtype.element_ty)
+                if TMA_STORE:
+                    # each thread overwrites only the elements it read; then one bulk copy out
+                    dst = ring_o.index((t - LAG) % STAGES)
+                    _flat(dst).store(out)
+                    fence_async_shared()
+                    _cta_barrier()
+                    rows_per_chunk: gl.constexpr = CHUNK // W
+                    _tma_store(DO, [done_row, q * rows_per_chunk, 0], _box(dst))
+                else:
+                    optrs = OUT + done_row.to(gl.int64) * stride_o + start + offs
+                    gl.store(optrs, out, mask=ok, eviction_policy=STORE_EVICT)
+        if TMA_STORE:
+            tma.store_wait(0)
+        if not TMA_LOAD:
+            async_copy.wait_group(0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,6 +404,31 @@ def staged_config(direction: str, elem: int, n: int) -> tuple:
     return [config for shortest, config in STAGED_CONFIG[(direction, elem)] if n >= shortest][-1]
 
 
+def tma_width(n: int, chunk: int, *tensors: torch.Tensor) -> int:
+    """W of the (M, N / W, W) views through which TMA moves chunks of these (M, N) rows, or 0 where
+    it cannot: W is the widest power of two <= 256 that divides N with CHUNK / W <= 256 (a TMA box
+    has at most 256 entries per dimension) and W elements a multiple of 16 bytes; pointers and row
+    strides must be 16-byte aligned and the GPU sm_90+."""
+    if not tensors[0].is_cuda or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return 0
+    elem = {t.element_size() for t in tensors}
+    if any(t.data_ptr() % 16 or (t.shape[0] > 1 and t.stride(0) * t.element_size() % 16) for t in tensors):
+        return 0
+    w = 256
+    while w * min(elem) >= 16 and chunk // w <= 256:
+        if n % w == 0 and chunk % w == 0:
+            return w
+        w //= 2
+    return 0
+
+
+def _descriptor(t: torch.Tensor, w: int, chunk: int):
+    """The (M, N / w, w) view of (M, N) rows ``t`` as a TMA descriptor with (1, chunk / w, w) boxes."""
+    m, n = t.shape
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * t.element_size(), rank=3)
+    return TensorDescriptor(t, [m, n // w, w], [t.stride(0), w, 1], [1, chunk // w, w], layout)
+
+
 def launch(direction: str, a, b, out, lse, config=None) -> bool:
     """Run the staged kernel on (M, N) rows if one row's chunks fit the resident grid; else False.
 
@@ -318,11 +436,12 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     Backward (``"bwd"``): a = y, b = dy, out = dx (M, N) in dy.dtype; lse is not written.
     Inputs float32 / float16 / bfloat16 with unit column stride (see ``available``).
 
-    ``config``: (chunk, num_warps, stages, ahead, lag), default ``staged_config(direction, elem, N)``.
+    ``config``: (chunk, num_warps, stages, ahead, lag, loads by TMA), default
+    ``staged_config(direction, elem, N)``.
     """
     m, n = a.shape
     elem = max(a.element_size(), b.element_size())
-    chunk, warps, stages, ahead, lag = config or staged_config(direction, elem, n)
+    chunk, warps, stages, ahead, lag, tma_load = config or staged_config(direction, elem, n)
     if ahead + lag + 1 > stages or ahead < 1:
         raise ValueError(f"staged softmax config {config}: needs 1 <= AHEAD and AHEAD + LAG + 1 <= STAGES")
     bwd = direction == "bwd"
@@ -330,19 +449,25 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     if q > MAX_PROGRAMS_PER_ROW:
         return False
     err = F.error_counter(a.device)
+    tma_load = tma_load and TMA_LOADS
+    width = tma_width(n, chunk, a, b, out) if (tma_load or TMA_STORE) else 0
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag, PBLK=MAX_PROGRAMS_PER_ROW,
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
-                  FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2)
+                  FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2,
+                  TMA_LOAD=tma_load and width > 0, TMA_STORE=TMA_STORE and width > 0, TMA_W=width)
+    descriptors = [_descriptor(t, width, chunk) for t in (a, b, out)] if width else [a, b, out]
     # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
     # size depends on the grid; the kernel does not specialize on M, Q, G)
     stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
-    args = [a, b, out, lse, stand_in, err, m, n, a.stride(0), b.stride(0), out.stride(0), 2, 2, F.SPIN_MAX]
+    args = [a, b, out, *descriptors, lse, stand_in, err, m, n, a.stride(0), b.stride(0), out.stride(0), 2, 2,
+            F.SPIN_MAX]
     programs = F.resident_programs(_staged_kernel, args, consts, warps,
                                    ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
     if q > programs:
         return False
     g = min(programs // q, m)
-    args[4] = torch.full((m, q), PENDING_WORD, dtype=torch.int64, device=a.device)
-    args[11:13] = [q, g]
+    args[7] = torch.full((m, q), PENDING_WORD, dtype=torch.int64, device=a.device)
+    args[14:16] = [q, g]
     _staged_kernel[(g * q,)](*args, **consts, num_warps=warps)
     return True
+
