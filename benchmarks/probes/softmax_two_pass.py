@@ -1,6 +1,7 @@
 """Probe: the two-pass split rows (rows too long to keep on chip) with the second pass over the inputs
-in the first pass's order or reversed (``softmax_fwd.STREAM_SECOND_PASS_REVERSED``), beside
-torch.compile's softmax, all timed in turn for ``--rounds`` rounds (medians).
+in the first pass's order or reversed (``softmax_fwd.STREAM_SECOND_PASS_REVERSED``), and with the
+forward's exponentials plain or flushed to zero (``STREAM_EXP_FTZ``), beside torch.compile's
+softmax, all timed in turn for ``--rounds`` rounds (medians).
 
 Run on a GPU:  python3 benchmarks/probes/softmax_two_pass.py [--sizes 4194304,16777216] [--rounds 5]
 
@@ -20,12 +21,31 @@ from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 
 
-def with_order(reversed_: bool, fn):
-    """fn run with the second pass in the given order."""
+KNOBS = ("STREAM_SECOND_PASS_REVERSED", "STREAM_EXP_FTZ", "STREAM_TILE", "STREAM_ELEMS_PER_THREAD")
+LIBRARY = {k: getattr(F, k) for k in KNOBS}
+#: name -> the knobs it changes from the library's defaults
+VARIANTS = {"library": {}, "same order": {"STREAM_SECOND_PASS_REVERSED": False},
+            "plain exp": {"STREAM_EXP_FTZ": False}}
+
+
+def with_knobs(knobs: dict, fn):
+    """fn run with the library's streaming knobs changed by ``knobs``."""
     def run():
-        F.STREAM_SECOND_PASS_REVERSED = reversed_
+        for k, v in {**LIBRARY, **knobs}.items():
+            setattr(F, k, v)
         return fn()
     return run
+
+
+def tile_variants(spec: str) -> dict:
+    """'2:4096:16,...' (element size, tile elements, elements per thread) -> streaming tile variants."""
+    out = {}
+    for c in spec.split(","):
+        elem, tile, per = map(int, c.split(":"))
+        out[f"tile {tile} x {per}/thread ({elem} B)"] = {
+            "STREAM_TILE": {**LIBRARY["STREAM_TILE"], elem: tile},
+            "STREAM_ELEMS_PER_THREAD": {**LIBRARY["STREAM_ELEMS_PER_THREAD"], elem: per}}
+    return out
 
 
 def main():
@@ -33,7 +53,10 @@ def main():
     ap.add_argument("--sizes", default="4194304,16777216,67108864")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tiles", default="", help="streaming tile variants, 'elem:tile:per_thread,...'")
     args = ap.parse_args()
+    if args.tiles:
+        VARIANTS.update(tile_variants(args.tiles))
     torch._dynamo.config.cache_size_limit = 64
     peer = torch.compile(lambda x: torch.softmax(x, -1), dynamic=False)
     copy = copy_gbs()
@@ -54,9 +77,9 @@ def main():
             ref_y = torch.softmax(x[rows].double(), -1)
             yd, dyd = y[rows].double(), dy[rows].double()
             ref_dx = yd * (dyd - (yd * dyd).sum(-1, keepdim=True))
-            for order, name in ((True, "reversed"), (False, "same order")):
-                calls[("fwd", name)] = with_order(order, lambda: F.softmax_fwd(x, with_lse=False))
-                calls[("bwd", name)] = with_order(order, lambda: B.softmax_bwd(y, dy))
+            for name, knobs in VARIANTS.items():
+                calls[("fwd", name)] = with_knobs(knobs, lambda: F.softmax_fwd(x, with_lse=False))
+                calls[("bwd", name)] = with_knobs(knobs, lambda: B.softmax_bwd(y, dy))
                 out = calls[("fwd", name)]()[0]
                 errs[("fwd", name)] = (out[rows].double() - ref_y).abs().max().item()
                 out = calls[("bwd", name)]()
@@ -68,7 +91,7 @@ def main():
             nb = x.numel() * x.element_size()
             for direction, mult in (("fwd", 2), ("bwd", 3)):
                 peer_t = statistics.median(times[(direction, "compile")])
-                for name in ("compile", "reversed", "same order"):
+                for name in ("compile", *VARIANTS):
                     t = statistics.median(times[(direction, name)])
                     g = mult * nb / t / 1e6
                     err = f"{errs[(direction, name)]:.1e}" if (direction, name) in errs else "-"
@@ -76,7 +99,7 @@ def main():
                           f"{peer_t / t:.3f}x | {err}", flush=True)
             del x, dy, y, xx, py
             torch.cuda.empty_cache()
-    F.STREAM_SECOND_PASS_REVERSED = True
+    with_knobs({}, lambda: None)()
 
 
 if __name__ == "__main__":
