@@ -86,7 +86,8 @@ STORE_EVICT = ""
 #: cp.async everywhere); ``TMA_STORE`` writes the output back into its slot and out by one bulk copy.
 #: Rows need a multiple of 16 bytes and 16-byte aligned pointers and row strides (``tma_width``);
 #: others take cp.async and pointer stores. TMA stores against pointer stores on an H200 (session
-#: 12): -5.6 to +0.6 points in the forward (lower in 10 of 12 cells), -0.7 to -2.5 backward: off.
+#: 12, with either loads): -5.6 to +0.6 points in the forward (lower in 12 of 14 cells), -2.5 to
+#: +0.3 backward: off.
 TMA_LOADS = True
 TMA_STORE = False
 #: Most programs one row can have (the partial words of a row are read as one block of this size).
