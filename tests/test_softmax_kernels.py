@@ -466,6 +466,27 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_staged_in_a_cuda_graph_gpu(poisoned):
+    """Captured in a CUDA graph (after a first call compiled it), the staged kernel replays with its
+    partial words filled again by the graph at every replay."""
+    x = make_x(64, 65536, torch.bfloat16, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        F.softmax_fwd(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, lse = F.softmax_fwd(x)
+    for scale in (1.0, 0.5, 0.25):
+        x.mul_(scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_fwd(x, y, lse, TOL[torch.bfloat16])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
 def test_staged_refuses_what_it_cannot_take_gpu():
     """Rows longer than the resident grid holds, and unaligned 16-bit rows, go to the Triton paths."""
     x = torch.randn(2, 2**25, device="cuda")
