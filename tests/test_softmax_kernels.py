@@ -466,6 +466,20 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_staged_one_row_with_any_stride_gpu(dtype, poisoned):
+    """A single row whose row stride is not 16-byte aligned (never used) takes the staged kernel,
+    TMA loads included (16-bit rows of that stride once failed to compile: 2-byte cp.async)."""
+    n = 2**16
+    x = make_x(2, n + 66, dtype, "cuda", scale=30.0)[:1, 32:32 + n]
+    assert x.stride(0) * x.element_size() % 16 != 0 and S.available(x)
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    y, dy = (t[:1, 32:32 + n] for t in softmax_pair(2, n + 66, dtype, "cuda"))
+    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+
+
+@pytest.mark.gpu
 def test_staged_in_a_cuda_graph_gpu(poisoned):
     """Captured in a CUDA graph (after a first call compiled it), the staged kernel replays with its
     partial words filled again by the graph at every replay."""

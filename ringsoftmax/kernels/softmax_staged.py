@@ -15,9 +15,9 @@ fence, which would wait for the program's earlier stores). Where the Triton pers
 chip: chunks arrive by ``cp.async`` (or one TMA bulk copy per chunk, where the config asks for it on
 sm_90+) into a ring of ``STAGES`` shared-memory slots, ``AHEAD`` rows ahead of the reduction, and a
 row is written ``LAG`` rows after its own reduction, when the other programs' partials have long
-arrived. HBM traffic is the floor (one read
-of each input, one write) and no register holds a chunk across the wait; the wait itself is off the
-critical path unless a program falls more than ``LAG`` rows behind.
+arrived. HBM traffic is the floor (one read of each input, one write) and no register holds a chunk
+across the wait; the wait itself is off the critical path unless a program falls more than ``LAG``
+rows behind.
 
 Grid: ``G * Q`` programs (Q per row, G rows in flight; program (slot, q) takes rows slot, slot + G,
 ...). Every program must be resident at once (the waits assume it): the launcher sizes the grid from
@@ -84,8 +84,8 @@ STORE_EVICT = ""
 #: TMA (Hopper's bulk tensor copies, sm_90+) for the chunks: ``TMA_LOADS`` lets the configs that
 #: ask for it load each chunk as one copy per program and row, completing on an mbarrier (False:
 #: cp.async everywhere); ``TMA_STORE`` writes the output back into its slot and out by one bulk copy.
-#: Rows need a multiple of 16 bytes and 16-byte aligned pointers and row strides (``tma_width``);
-#: others take cp.async and pointer stores. TMA stores against pointer stores on an H200 (session
+#: Rows need a length with a power-of-two factor that TMA's boxes can take and 16-byte aligned
+#: pointers and row strides (``tma_width``); others take cp.async and pointer stores. TMA stores against pointer stores on an H200 (session
 #: 12, with either loads): -5.6 to +0.6 points in the forward (lower in 12 of 14 cells), -2.5 to
 #: +0.3 backward: off.
 TMA_LOADS = True
@@ -423,11 +423,18 @@ def tma_width(n: int, chunk: int, *tensors: torch.Tensor) -> int:
     return 0
 
 
+def _row_stride(t: torch.Tensor) -> int:
+    """The row stride the kernel gets: 0 for one row (never used; an unaligned one would make the
+    compiler narrow the 16-bit copies to 2 bytes, which cp.async cannot do)."""
+    return t.stride(0) if t.shape[0] > 1 else 0
+
+
 def _descriptor(t: torch.Tensor, w: int, chunk: int):
-    """The (M, N / w, w) view of (M, N) rows ``t`` as a TMA descriptor with (1, chunk / w, w) boxes."""
+    """The (M, N / w, w) view of (M, N) rows ``t`` as a TMA descriptor with (1, chunk / w, w) boxes
+    (one row: its stride is never used, and may be any number; the descriptor gets N, aligned)."""
     m, n = t.shape
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * t.element_size(), rank=3)
-    return TensorDescriptor(t, [m, n // w, w], [t.stride(0), w, 1], [1, chunk // w, w], layout)
+    return TensorDescriptor(t, [m, n // w, w], [t.stride(0) if m > 1 else n, w, 1], [1, chunk // w, w], layout)
 
 
 def launch(direction: str, a, b, out, lse, config=None) -> bool:
@@ -460,8 +467,7 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
     # size depends on the grid; the kernel does not specialize on M, Q, G)
     stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
-    args = [a, b, out, *descriptors, lse, stand_in, err, m, n, a.stride(0), b.stride(0), out.stride(0), 2, 2,
-            F.SPIN_MAX]
+    args = [a, b, out, *descriptors, lse, stand_in, err, m, n, *map(_row_stride, (a, b, out)), 2, 2, F.SPIN_MAX]
     programs = F.resident_programs(_staged_kernel, args, consts, warps,
                                    ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
     if q > programs:
