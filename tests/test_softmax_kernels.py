@@ -303,26 +303,26 @@ def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
 # ---------------------------------------------------------------------------------------------
 # 16-bit split rows take the staged kernel only where N % 16 == 0 (65552, 2^20, 2^21)
 GPU_N = [1, 2, 127, 1000, 4097, 16385, 32768, 32769, 65539, 65552, 1000003, 2**20, 2**21, 16 * 2**20 + 3]
-#: Split-row paths on CUDA: staged (shared memory, Gluon) with its default copies and with the
-#: other choice of cp.async / TMA for loads and stores, persistent (L2 re-read), two-pass.
-SPLIT_PATHS = ["staged", "staged-other-copies", "persistent", "two-pass"]
+#: Split-row paths on CUDA: staged (shared memory, Gluon) as its table says and with cp.async where
+#: the table loads by TMA, persistent (L2 re-read), two-pass.
+SPLIT_PATHS = ["staged", "staged-cp.async", "persistent", "two-pass"]
 
 
 def use_split_path(monkeypatch, path, max_row_bytes):
     """Route split rows to ``path``; the persistent kernel at every N (``max_row_bytes`` knob)."""
     monkeypatch.setattr(S, "STAGED", path.startswith("staged"))
-    if path == "staged-other-copies":  # cp.async where the table loads by TMA; TMA stores
-        monkeypatch.setattr(S, "TMA_LOADS", not S.TMA_LOADS)
-        monkeypatch.setattr(S, "TMA_STORE", not S.TMA_STORE)
+    if path == "staged-cp.async":
+        monkeypatch.setattr(S, "TMA_LOADS", False)
     monkeypatch.setattr(F, "PERSISTENT", path != "two-pass")
     monkeypatch.setattr(*max_row_bytes, None)
 
 
-def skip_same_path(path, n, rows_kernel):
+def skip_same_path(path, n, rows_kernel, tma_table):
     """Skip the cases another path already runs: the split paths where rows take the rows kernel,
-    and the staged kernel's other copies where rows cannot take TMA (N % 64 != 0) or stay whole."""
+    and the staged kernel with cp.async where the table has no TMA loads (``tma_table`` False), the
+    rows cannot take them (N % 64 != 0) or they stay whole."""
     if (path in ("persistent", "two-pass") and rows_kernel) or (
-            path == "staged-other-copies" and (rows_kernel or n % 64 != 0)):
+            path == "staged-cp.async" and (rows_kernel or not tma_table or n % 64 != 0)):
         pytest.skip("same path")
 
 
@@ -335,7 +335,7 @@ def _rows_for(n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", GPU_N)
 def test_fwd_gpu(n, dtype, path, poisoned, monkeypatch):
-    skip_same_path(path, n, n <= F.ROWS_MAX_N[torch.finfo(dtype).bits // 8])
+    skip_same_path(path, n, n <= F.ROWS_MAX_N[torch.finfo(dtype).bits // 8], dtype != torch.float32)
     use_split_path(monkeypatch, path, (F, "PERSISTENT_MAX_ROW_BYTES"))
     x = make_x(_rows_for(n), n, dtype, "cuda")
     y, lse = F.softmax_fwd(x)
@@ -389,7 +389,7 @@ def test_fwd_64bit_offsets_gpu(n, poisoned):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", GPU_N)
 def test_bwd_gpu(n, dtype, path, poisoned, monkeypatch):
-    skip_same_path(path, n, n <= B.BWD_ROWS_MAX_N)
+    skip_same_path(path, n, n <= B.BWD_ROWS_MAX_N, False)
     use_split_path(monkeypatch, path, (B, "BWD_PERSISTENT_MAX_ROW_BYTES"))
     y, dy = softmax_pair(_rows_for(n), n, dtype, "cuda")
     check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
@@ -440,18 +440,16 @@ def test_staged_table_fits_and_checks_its_config_cpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tma", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m, n", [(1, 65536), (300, 40000), (37, 2**19 + 16), (5, 2**19 + 64)])
-def test_staged_shapes_gpu(m, n, dtype, tma, poisoned, monkeypatch):
+def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
     """The staged kernel itself: one row, many rows per program, a tail chunk; strided rows (16-byte
-    aligned, so 16-bit rows qualify); chunks loaded and stored by cp.async / pointers or TMA (TMA
-    takes rows of a multiple of 64 elements here, with boxes 256, 64 and 64 wide; 2^19 + 16 falls
-    back)."""
-    monkeypatch.setattr(S, "TMA_STORE", tma[1])
+    aligned, so 16-bit rows qualify); chunks loaded by cp.async or TMA, both directions (TMA takes
+    rows of a multiple of 64 elements here, with boxes 256, 64 and 64 wide; 2^19 + 16 falls back)."""
     x = make_x(m, n + 64, dtype, "cuda", scale=30.0)[:, 32:32 + n]
     assert S.available(x)
-    fwd, bwd = (S.staged_config(d, x.element_size(), n)[:5] + (tma[0],) for d in ("fwd", "bwd"))
+    fwd, bwd = (S.staged_config(d, x.element_size(), n)[:5] + (tma,) for d in ("fwd", "bwd"))
     hopper = torch.cuda.get_device_capability()[0] >= 9
     assert (S.tma_width(n, fwd[0], x) > 0) == (hopper and n % 64 == 0)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)

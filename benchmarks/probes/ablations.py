@@ -51,10 +51,9 @@ def attention(out: pathlib.Path) -> None:
 
 def staged(out: pathlib.Path) -> None:
     src = (KERNELS / "softmax_staged.py").read_text()
-    nobar = edit(src, '''                tma.store_wait(0)
+    nobar = edit(src, '''            # every thread is done with the slot refilled below (its row was written LAG rows ago)
             _cta_barrier()
-''', '''                tma.store_wait(0)
-''')
+''', "")
     nobar = edit(nobar, '''                    async_copy.wait_group(AHEAD)
                     _cta_barrier()
 ''', '''                    async_copy.wait_group(AHEAD)

@@ -1,11 +1,11 @@
 """Probe: the staged (shared-memory) split-row softmax kernel against the current default, side by side.
 
 Run on a GPU:  python3 benchmarks/probes/softmax_staged.py [--sizes 65536,1048576] [--dtypes fp32,bf16]
-                   [--modules name=path,...] [--tma 0:0,1:0,1:1] [--rounds R]
+                   [--modules name=path,...] [--tma 0,1] [--rounds R]
 
 ``--modules`` also times other copies of ``softmax_staged.py`` (e.g. a commit's version) with their own
 table configs, against the library's, in turn for ``--rounds`` rounds (medians); ``--tma`` the same
-for the TMA load / store options of the table's configs.
+for loads by cp.async or TMA in the table's configs.
 
 For each (N, M = 2^28 / N, dtype, direction) it checks every staged configuration against float64
 (max error, and the fraction of the grid that works) and prints % of a device-to-device copy
@@ -90,23 +90,17 @@ def module_variants(others):
     return {f"module {name}": variant(name, mod) for name, mod in [("library", S)] + list(others.items())}
 
 
-def tma_variants(combos):
-    """The library's staged launch (table config) with each (loads by TMA, TMA_STORE) of ``combos``
-    ('1:0,...')."""
-    def variant(load, store):
+def tma_variants(choices):
+    """The library's staged launch (table config) with loads by TMA or not, for each of ``choices``
+    ('0,1')."""
+    def variant(load):
         def launch(direction, a, b, out, lse):
             elem = max(a.element_size(), b.element_size())
-            config = S.staged_config(direction, elem, a.shape[1])[:5] + (load,)
-            default, S.TMA_STORE = S.TMA_STORE, store
-            try:
-                return S.launch(direction, a, b, out, lse, config)
-            finally:
-                S.TMA_STORE = default
+            return S.launch(direction, a, b, out, lse, S.staged_config(direction, elem, a.shape[1])[:5] + (load,))
         return launch
 
-    pairs = [tuple(bool(int(v)) for v in c.split(":")) for c in combos.split(",")]
-    return {f"load {'tma' if ld else 'cp.async'} store {'tma' if st else 'st.global'}": variant(ld, st)
-            for ld, st in pairs}
+    loads = [bool(int(c)) for c in choices.split(",")]
+    return {f"load {'tma' if ld else 'cp.async'}": variant(ld) for ld in loads}
 
 
 def main():
@@ -122,7 +116,7 @@ def main():
                     help="most programs per row (the kernel reads a row's partial words as one block)")
     ap.add_argument("--modules", default="", help="name=path,... other copies of softmax_staged.py")
     ap.add_argument("--tma", default="",
-                    help="time the table's configs with these TMA_LOAD:TMA_STORE pairs side by side, e.g. 0:0,1:0,1:1")
+                    help="time the table's configs with loads by cp.async (0) and TMA (1) side by side: 0,1")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds of the --modules / --tma comparisons")
     ap.add_argument("--no-configs", action="store_true", help="skip the table of configurations")
     ap.add_argument("--evicts", default="",

@@ -44,7 +44,6 @@ try:  # Gluon ships with triton >= 3.5; without it the Triton split paths run
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     # the cp.async builtin's name: async_copy_global_to_shared in triton 3.6, async_load from 3.7 on
     _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     # the CTA barrier: thread_barrier in triton 3.6, barrier from 3.7 on
@@ -81,15 +80,12 @@ FOLD_DIVISION_16BIT = True
 #: forward cell at 64K-4M and 0.1-0.4 backward; the load policy moved nothing beyond +-0.3.
 LOAD_EVICT = "evict_first"
 STORE_EVICT = ""
-#: TMA (Hopper's bulk tensor copies, sm_90+) for the chunks: ``TMA_LOADS`` lets the configs that
-#: ask for it load each chunk as one copy per program and row, completing on an mbarrier (False:
-#: cp.async everywhere); ``TMA_STORE`` writes the output back into its slot and out by one bulk copy.
-#: Rows need a length with a power-of-two factor that TMA's boxes can take and 16-byte aligned
-#: pointers and row strides (``tma_width``); others take cp.async and pointer stores. TMA stores against pointer stores on an H200 (session
-#: 12, with either loads): -5.6 to +0.6 points in the forward (lower in 12 of 14 cells), -2.5 to
-#: +0.3 backward: off.
+#: TMA (Hopper's bulk tensor copies, sm_90+): the configs that ask for it load each chunk as one
+#: copy per program and row, completing on an mbarrier, where the rows allow it (``tma_width``;
+#: others take cp.async). False: cp.async everywhere. (TMA stores, the output written back into its
+#: slot and out by one bulk copy, measured -5.6 to +0.6 points against pointer stores in the forward,
+#: lower in 12 of 14 cells, and -2.5 to +0.3 backward on an H200 in session 12: not kept.)
 TMA_LOADS = True
-TMA_STORE = False
 #: Most programs one row can have (the partial words of a row are read as one block of this size).
 MAX_PROGRAMS_PER_ROW = 512
 #: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
@@ -247,25 +243,24 @@ if gluon is not None:
         return m, s
 
     @gluon.jit(do_not_specialize=["M", "Q", "G", "spin_max"])
-    def _staged_kernel(A, B, OUT, DA, DB, DO, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, G, spin_max,
+    def _staged_kernel(A, B, OUT, DA, DB, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, G, spin_max,
                        BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
                        LAG: gl.constexpr, PBLK: gl.constexpr, LOAD_EVICT: gl.constexpr,
                        STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
-                       TMA_STORE: gl.constexpr, TMA_W: gl.constexpr):
+                       TMA_W: gl.constexpr):
         """Program (slot, q) of a G x Q grid: chunk q of rows slot, slot + G, ... (see the module doc).
 
         A (M, N) is x forward / y backward, B is dy backward (A again forward); OUT (M, N) contiguous;
         LSE (M,) float32 (forward only); P (M, Q) int64 partial words, all PENDING_WORD; Q <= PBLK.
         FOLD: the forward's division folded into its exponent (16-bit outputs, see ``_exp_over``).
-        TMA_LOAD / TMA_STORE: the chunks move by TMA through DA, DB (loads) and DO (stores), the
-        (M, N / TMA_W, TMA_W) views of A, B and OUT with (1, CHUNK / TMA_W, TMA_W) boxes (unused
-        otherwise); the output then leaves from the slot of the input of its dtype (B backward).
+        TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
+        B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         # the ring: STAGES slots of (R, W) = one chunk each, row-major (no swizzle) in both layouts
-        if TMA_LOAD or TMA_STORE:
+        if TMA_LOAD:
             W: gl.constexpr = TMA_W
             shared_a: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0,
                                                           element_bitwidth=A.dtype.element_ty.primitive_bitwidth,
@@ -282,10 +277,6 @@ if gluon is not None:
             ring_b = gl.allocate_shared_memory(B.dtype.element_ty, [STAGES, CHUNK // W, W], shared_b)
         else:
             ring_b = ring_a
-        if BWD:
-            ring_o = ring_b  # dx leaves from dy's slot (same dtype)
-        else:
-            ring_o = ring_a
         if TMA_LOAD:  # one barrier per slot: its copies have landed
             bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
@@ -311,21 +302,15 @@ if gluon is not None:
                 async_copy.commit_group()
 
         for t in range(0, rows + LAG):
-            # every thread is done with the slot refilled below (its row was written LAG rows ago),
-            # and so is the TMA store that wrote it out
-            if TMA_STORE:
-                tma.store_wait(0)
+            # every thread is done with the slot refilled below (its row was written LAG rows ago)
             _cta_barrier()
-            ahead = t + AHEAD
             if TMA_LOAD:
                 fence_async_shared()  # the threads' accesses to the slot come before the copy's writes
-                if ahead < rows:
-                    _issue(A, B, DA, DB, ring_a, ring_b, bars, ahead % STAGES, slot + ahead * G, q, start,
-                           stride_a, stride_b, offs, ok, BWD, LOAD_EVICT, TMA_LOAD)
-            else:
-                if ahead < rows:
-                    _issue(A, B, DA, DB, ring_a, ring_b, bars, ahead % STAGES, slot + ahead * G, q, start,
-                           stride_a, stride_b, offs, ok, BWD, LOAD_EVICT, TMA_LOAD)
+            ahead = t + AHEAD
+            if ahead < rows:
+                _issue(A, B, DA, DB, ring_a, ring_b, bars, ahead % STAGES, slot + ahead * G, q, start,
+                       stride_a, stride_b, offs, ok, BWD, LOAD_EVICT, TMA_LOAD)
+            if not TMA_LOAD:
                 async_copy.commit_group()  # one group per step, empty or not, so the count below holds
 
             # the partial words of row t - LAG start arriving; they are used after this row's reduction
@@ -368,20 +353,8 @@ if gluon is not None:
                     shift = gl.where(m == float("-inf"), 0.0, m)
                     gl.store(LSE + done_row, m + gl.log(s), mask=q == 0)
                     out = _exp_over(a, shift, s, FOLD)  # a row with sum 0 is all -inf: y = 0
-                out = out.to(OUT.dtype.element_ty)
-                if TMA_STORE:
-                    # each thread overwrites only the elements it read; then one bulk copy out
-                    dst = ring_o.index((t - LAG) % STAGES)
-                    _flat(dst).store(out)
-                    fence_async_shared()
-                    _cta_barrier()
-                    rows_per_chunk: gl.constexpr = CHUNK // W
-                    _tma_store(DO, [done_row, q * rows_per_chunk, 0], _box(dst))
-                else:
-                    optrs = OUT + done_row.to(gl.int64) * stride_o + start + offs
-                    gl.store(optrs, out, mask=ok, eviction_policy=STORE_EVICT)
-        if TMA_STORE:
-            tma.store_wait(0)
+                optrs = OUT + done_row.to(gl.int64) * stride_o + start + offs
+                gl.store(optrs, out.to(OUT.dtype.element_ty), mask=ok, eviction_policy=STORE_EVICT)
         if not TMA_LOAD:
             async_copy.wait_group(0)
 
@@ -457,13 +430,12 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     if q > MAX_PROGRAMS_PER_ROW:
         return False
     err = F.error_counter(a.device)
-    tma_load = tma_load and TMA_LOADS
-    width = tma_width(n, chunk, a, b, out) if (tma_load or TMA_STORE) else 0
+    width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag, PBLK=MAX_PROGRAMS_PER_ROW,
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2,
-                  TMA_LOAD=tma_load and width > 0, TMA_STORE=TMA_STORE and width > 0, TMA_W=width)
-    descriptors = [_descriptor(t, width, chunk) for t in (a, b, out)] if width else [a, b, out]
+                  TMA_LOAD=width > 0, TMA_W=width)
+    descriptors = [_descriptor(t, width, chunk) for t in (a, b)] if width else [a, b]
     # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
     # size depends on the grid; the kernel does not specialize on M, Q, G)
     stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
@@ -473,8 +445,8 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     if q > programs:
         return False
     g = min(programs // q, m)
-    args[7] = torch.full((m, q), PENDING_WORD, dtype=torch.int64, device=a.device)
-    args[14:16] = [q, g]
+    args[6] = torch.full((m, q), PENDING_WORD, dtype=torch.int64, device=a.device)
+    args[13:15] = [q, g]
     _staged_kernel[(g * q,)](*args, **consts, num_warps=warps)
     return True
 
