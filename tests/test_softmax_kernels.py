@@ -429,14 +429,15 @@ def test_staged_table_fits_and_checks_its_config_cpu():
         for n, config in entries:
             assert S.staged_config(direction, elem, max(n, 1)) == config
             chunk, warps, stages, ahead, lag, tma_load = config
-            assert ahead >= 1 and ahead + lag + 1 <= stages
+            assert (stages, ahead, lag) == (3, 1, 1)
             tensors = 2 if direction == "bwd" else 1
             assert stages * chunk * elem * tensors <= 160 * 1024
             assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
     x = torch.randn(2, 1 << 16)
     assert not S.available(x)
-    with pytest.raises(ValueError, match="AHEAD"):
-        S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, 2, 1, 1, False))
+    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0)):
+        with pytest.raises(ValueError, match="AHEAD"):
+            S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, *ring, False))
 
 
 @pytest.mark.gpu
@@ -460,6 +461,43 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
     dx = torch.empty_like(dy)
     assert S.launch("bwd", y, dy, dx, dx, bwd)
     check_bwd(y, dy, dx, TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
+def test_staged_grid_plan_cpu(monkeypatch):
+    """Units come from the counter on every resident program while a row's chunks are at most the
+    direction's share of them; longer rows (and CLAIM off) take the most whole rows' worth."""
+    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {"fwd": 0.125, "bwd": 0.25})
+    assert S.grid_plan("fwd", 1000, 16, 264) == (264, True)
+    assert S.grid_plan("fwd", 2, 16, 264) == (32, True)
+    assert S.grid_plan("fwd", 1000, 33, 264) == (264, True)
+    assert S.grid_plan("fwd", 1000, 64, 264) == (256, False)
+    assert S.grid_plan("bwd", 1000, 64, 264) == (264, True)
+    assert S.grid_plan("bwd", 1000, 128, 264) == (256, False)
+    assert S.grid_plan("bwd", 1, 256, 264) == (256, False)
+    monkeypatch.setattr(S, "CLAIM", False)
+    assert S.grid_plan("fwd", 1000, 16, 264) == (256, False)
+    assert S.grid_plan("bwd", 3, 16, 264) == (48, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("claim", [False, True])
+@pytest.mark.parametrize("programs", [7, 12])
+def test_staged_small_grids_gpu(programs, claim, poisoned, monkeypatch):
+    """Grids of 7 and 12 programs over rows of 3 (forward) and 6 (backward) chunks, units claimed from
+    the counter (a row's chunks then straddle the programs' steps) or whole rows per group of programs."""
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", programs)
+    monkeypatch.setattr(S, "CLAIM", claim)
+    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {"fwd": 1.0, "bwd": 1.0})
+    m, n = 50, 3 * 8192 - 5
+    x = make_x(m, n, torch.float32, "cuda", scale=30.0)
+    y, lse = torch.empty_like(x), torch.empty(m, device="cuda")
+    assert S.launch("fwd", x, x, y, lse)
+    check_fwd(x, y, lse, TOL[torch.float32])
+    dy = torch.randn_like(y)
+    dx = torch.empty_like(dy)
+    assert S.launch("bwd", y, dy, dx, dx)
+    check_bwd(y, dy, dx, TOL[torch.float32])
     assert F.sync_failures("cuda") == 0
 
 

@@ -1,11 +1,12 @@
 """Probe: the staged (shared-memory) split-row softmax kernel against the current default, side by side.
 
 Run on a GPU:  python3 benchmarks/probes/softmax_staged.py [--sizes 65536,1048576] [--dtypes fp32,bf16]
-                   [--modules name=path,...] [--tma 0,1] [--rounds R]
+                   [--modules name=path,...] [--tma 0,1] [--claims 0,1] [--rounds R]
 
 ``--modules`` also times other copies of ``softmax_staged.py`` (e.g. a commit's version) with their own
 table configs, against the library's, in turn for ``--rounds`` rounds (medians); ``--tma`` the same
-for loads by cp.async or TMA in the table's configs.
+for loads by cp.async or TMA in the table's configs, ``--claims`` for units taken from a counter (1:
+at every row length, 0: never; the library's rule decides in between).
 
 For each (N, M = 2^28 / N, dtype, direction) it checks every staged configuration against float64
 (max error, and the fraction of the grid that works) and prints % of a device-to-device copy
@@ -103,6 +104,22 @@ def tma_variants(choices):
     return {f"load {'tma' if ld else 'cp.async'}": variant(ld) for ld in loads}
 
 
+def claim_variants(choices):
+    """The library's staged launch with units claimed from the counter at every row length (1) or
+    never (0: whole rows per group of programs)."""
+    def variant(claim):
+        def launch(*args):
+            saved = S.CLAIM, S.CLAIM_MAX_ROW_SHARE
+            S.CLAIM, S.CLAIM_MAX_ROW_SHARE = claim, {"fwd": 1.0, "bwd": 1.0}
+            try:
+                return S.launch(*args)
+            finally:
+                S.CLAIM, S.CLAIM_MAX_ROW_SHARE = saved
+        return launch
+
+    return {f"claim {'always' if c == '1' else 'never'}": variant(c == "1") for c in choices.split(",")}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="32768,65536,262144,1048576,2097152")
@@ -117,13 +134,20 @@ def main():
     ap.add_argument("--modules", default="", help="name=path,... other copies of softmax_staged.py")
     ap.add_argument("--tma", default="",
                     help="time the table's configs with loads by cp.async (0) and TMA (1) side by side: 0,1")
-    ap.add_argument("--rounds", type=int, default=3, help="timing rounds of the --modules / --tma comparisons")
+    ap.add_argument("--claims", default="",
+                    help="time units claimed from a counter (1) and whole rows per group (0) side by side: 0,1")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timing rounds of the --modules / --tma / --claims comparisons")
     ap.add_argument("--no-configs", action="store_true", help="skip the table of configurations")
+    ap.add_argument("--configs-module", default="",
+                    help="run the table of configurations through this --modules copy instead of the library "
+                         "(e.g. an ablation: what the data path alone reaches in each config)")
     ap.add_argument("--evicts", default="",
                     help="cache policies to run each config with, 'load:store,...' ('' = default policy), "
                          "e.g. 'evict_first:evict_first,:'")
     args = ap.parse_args()
     others = load_copies(args.modules)
+    target = others[args.configs_module] if args.configs_module else S
     S.MAX_PROGRAMS_PER_ROW = args.max_programs
     for group in args.configs.split():
         key, cfgs = group.split("=")
@@ -151,7 +175,7 @@ def main():
                     default = lambda: F.softmax_fwd(x)[0]  # noqa: E731
                     out = torch.empty_like(x)
                     lse = torch.empty(m, device="cuda")
-                    run = lambda cfg: S.launch("fwd", x, x, out, lse, cfg)  # noqa: E731
+                    run = lambda cfg: target.launch("fwd", x, x, out, lse, cfg)  # noqa: E731
                 else:
                     y = torch.softmax(x.float(), -1).nan_to_num_(0.0).to(dtype)
                     dy = torch.randn_like(y)
@@ -161,7 +185,7 @@ def main():
                     nbytes = 3 * x.numel() * elem
                     default = lambda: B.softmax_bwd(y, dy)  # noqa: E731
                     out = torch.empty_like(y)
-                    run = lambda cfg: S.launch("bwd", y, dy, out, out, cfg)  # noqa: E731
+                    run = lambda cfg: target.launch("bwd", y, dy, out, out, cfg)  # noqa: E731
                 scale = ref.abs().max().item()
                 for name, staged in (("default", True), ("no staged", False)):
                     S.STAGED = staged
@@ -171,11 +195,14 @@ def main():
                           f"{100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | -", flush=True)
                 S.STAGED = True
                 for variants in ([module_variants(others)] if others else []) + (
-                        [tma_variants(args.tma)] if args.tma else []):
+                        [tma_variants(args.tma)] if args.tma else []) + (
+                        [claim_variants(args.claims)] if args.claims else []):
                     compare(variants, direction, dname, n, m, x if direction == "fwd" else (y, dy), ref, scale,
                             nbytes, copy, args.rounds)
                 if args.no_configs:
                     continue
+                if target is not S:  # its own occupancy cache (the kernels share a name)
+                    F._OCCUPANCY = {}
                 folds = (True, False) if direction == "fwd" and elem == 2 else (S.FOLD_DIVISION_16BIT,)
                 evicts = [tuple(e.split(":")) for e in args.evicts.split(",")] if args.evicts else [None]
                 for cfg, fold, ev in [(c, f, e) for c in CONFIGS[(direction, elem)] for f in folds for e in evicts]:
@@ -203,7 +230,7 @@ def main():
                     programs = max(F._OCCUPANCY[k] for k in key if dict(k[2]).get("CHUNK") == cfg[0]
                                    and dict(k[2]).get("STAGES") == cfg[2] and k[3] == cfg[1]
                                    and dict(k[2]).get("BWD") == (direction == "bwd"))
-                    use = min(programs // q, m) * q / programs
+                    use = S.grid_plan(direction, m, q, programs)[0] / programs
                     print(f"{direction} | {dname} | {n} | {m} | {label} | {use:.2f} of {programs} | "
                           f"{nbytes / t / 1e6:.0f} | {100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | {fails}",
                           flush=True)

@@ -13,16 +13,22 @@ as PENDING_WORD, so a reader knows which have arrived without a counter, an atom
 fence, which would wait for the program's earlier stores). Where the Triton persistent kernel
 (``softmax_fwd.py``) re-reads the chunk from L2 once the row's partials are in, this one keeps it on
 chip: chunks arrive by ``cp.async`` (or one TMA bulk copy per chunk, where the config asks for it on
-sm_90+) into a ring of ``STAGES`` shared-memory slots, ``AHEAD`` rows ahead of the reduction, and a
-row is written ``LAG`` rows after its own reduction, when the other programs' partials have long
-arrived. HBM traffic is the floor (one read of each input, one write) and no register holds a chunk
-across the wait; the wait itself is off the critical path unless a program falls more than ``LAG``
-rows behind.
+sm_90+) into a ring of 3 shared-memory slots, one step ahead of the reduction, and a chunk is written
+one step after its own reduction, when the other programs' partials have long arrived. HBM traffic
+is the floor (one read of each input, one write) and no register holds a chunk across the wait; the
+wait itself is off the critical path unless a program falls a step behind.
 
-Grid: ``G * Q`` programs (Q per row, G rows in flight; program (slot, q) takes rows slot, slot + G,
-...). Every program must be resident at once (the waits assume it): the launcher sizes the grid from
-the compiled kernel's occupancy. A wait that gives up after ``spin_max`` polls counts itself in
-``ERR`` and recomputes the row's statistic from global memory, so the result stays right.
+Work: M * Q units, unit u being chunk u % Q of row u // Q, one per program and step. Grid: the
+programs the GPU holds at once (the waits assume they all run together: the launcher sizes the grid
+from the compiled kernel's occupancy). Where rows have few chunks (``grid_plan``), every program
+takes its next unit in memory order from a counter (``CLAIM``): the programs then stay together on
+one stretch of memory, as a hardware-scheduled grid does, where fixed units let them drift apart
+(a persistent copy ran at 90% of torch's copy with fixed chunks and 98% with claimed ones, H200).
+Longer rows take fixed units: G = grid / Q whole rows in flight, program (slot, q) on chunk q of rows
+slot, slot + G, ... (claims there spread a row over more steps than the lag covers). A program never
+waits for a row it holds an unreduced unit of (it reduces that unit first). A wait that gives up
+after ``spin_max`` polls counts itself in ``ERR`` and recomputes the row's statistic from global
+memory, so the result stays right.
 
 The kernel is Gluon (``triton.experimental.gluon``), which has no interpreter: on CPU the split rows
 take the two-pass Triton path instead (see ``softmax_fwd.py``); the GPU tests run this one.
@@ -54,7 +60,7 @@ except ImportError:  # pragma: no cover - older triton
 #: Configurations, by direction and element size (the larger of y and dy backward), each a list of
 #: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
 #: Config: (chunk elements per program, num_warps, shared-memory slots, rows loaded ahead, rows of
-#: lag, loads by TMA); slots must cover the rows in use at once: AHEAD + LAG + 1 <= STAGES. Chosen on
+#: lag, loads by TMA); the ring is always 3 slots, 1 ahead, lag 1 (the kernel's one ring). Chosen on
 #: an H200 from benchmarks/probes/softmax_staged.py (.notes/softmax.md): 3 slots (2 programs per
 #: multiprocessor at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points (session 5); 16-bit
 #: forward chunks of 16K against 8K: +0.5-1 point at 64K-1M, +2 at 2M, +5 at 4M (session 6); TMA
@@ -86,6 +92,16 @@ STORE_EVICT = ""
 #: slot and out by one bulk copy, measured -5.6 to +0.6 points against pointer stores in the forward,
 #: lower in 12 of 14 cells, and -2.5 to +0.3 backward on an H200 in session 12: not kept.)
 TMA_LOADS = True
+#: Programs take their units (chunks) in memory order from a counter, where one row's chunks are at
+#: most CLAIM_MAX_ROW_SHARE[direction] of the resident programs (else program p takes units p, p +
+#: grid, ... of a grid of whole rows). On an H200 (session 13) a persistent copy kernel reached 90% of
+#: torch's copy with fixed chunks per program and 98% with chunks claimed in memory order; with claims
+#: the staged forward gained +3.5 to +6.5 points of copy at 64K-256K and the backward +2 to +5 at
+#: 64K-512K (up to 64 chunks per row), but the forward lost 3 points at 64 chunks per row (bf16 1M)
+#: and both directions lost 5-18 at 128 (a row's chunks then spread over more of the programs' steps
+#: than the one step of lag covers).
+CLAIM = True
+CLAIM_MAX_ROW_SHARE = {"fwd": 0.125, "bwd": 0.25}
 #: Most programs one row can have (the partial words of a row are read as one block of this size).
 MAX_PROGRAMS_PER_ROW = 512
 #: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
@@ -95,14 +111,16 @@ PENDING_WORD = 0xBF800000
 
 if gluon is not None:
     PENDING_LO = gl.constexpr(PENDING_WORD - (1 << 32))  # the low half as an int32
+    PENDING = gl.constexpr(PENDING_WORD)
     IDENTITY_FWD = gl.constexpr(-(1 << 55))  # the word of (max, sum) = (-inf, 0): bits 0xFF800000 << 32
     LOG2E = gl.constexpr(1.4426950408889634)
 
     @gluon.jit
-    def _issue(A, B, DA, DB, ring_a, ring_b, bars, i, row, q, start, stride_a, stride_b, offs, ok,
+    def _issue(A, B, DA, DB, ring_a, ring_b, bars, i, row, q, N, stride_a, stride_b, offs,
                BWD: gl.constexpr, EVICT: gl.constexpr, TMA: gl.constexpr):
-        """Start the copies of this program's chunk of ``row`` into ring slot ``i``: cp.async (counted
-        by the thread's commit groups) or, ``TMA``, one bulk copy per input completing on ``bars[i]``."""
+        """Start the copies of chunk ``q`` of ``row`` (elements ``offs`` from its start) into ring slot
+        ``i``: cp.async (counted by the thread's commit groups) or, ``TMA``, one bulk copy per input
+        completing on ``bars[i]``."""
         if TMA:
             if BWD:
                 mbarrier.expect(bars.index(i), DA.block_type.nbytes + DB.block_type.nbytes)
@@ -114,10 +132,44 @@ if gluon is not None:
                 _tma_load(DB, [row, q * rows_per_chunk, 0], bars.index(i), _box(ring_b.index(i)))
         else:
             row64 = row.to(gl.int64)
+            start = q.to(gl.int64) * offs.shape[0]
+            ok = offs < (N - start).to(gl.int32)
             _cp_async(_flat(ring_a.index(i)), A + row64 * stride_a + start + offs, mask=ok, eviction_policy=EVICT)
             if BWD:
                 _cp_async(_flat(ring_b.index(i)), B + row64 * stride_b + start + offs, mask=ok,
                           eviction_policy=EVICT)
+
+    @gluon.jit
+    def _claim_start(P, M, Q, lanes):
+        """Take the next unit in memory order from the counter ``P[M * Q]`` (which starts at
+        PENDING_WORD): one atomic, by lane 0 of ``lanes`` (an arange); its result stays in that lane
+        until ``_claim_take``, so no thread waits for it here."""
+        return gl.atomic_add(P + M * Q + lanes * 0, gl.where(lanes == 0, 1, 0).to(gl.int64), mask=lanes == 0,
+                             sem="relaxed")
+
+    @gluon.jit
+    def _claim_take(claim, lanes, Q):
+        """(row, chunk) of a unit started by ``_claim_start``; a row >= M: none left."""
+        u = (gl.sum(gl.where(lanes == 0, claim, 0), axis=0) - PENDING).to(gl.int32)
+        row = u // Q
+        return row, u - row * Q
+
+    @gluon.jit
+    def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, offs, BWD: gl.constexpr, layout: gl.constexpr):
+        """Reduce chunk ``q`` of ``row`` (landed in ring slot ``i``) to its partial and publish it as
+        its word."""
+        if not BWD:
+            if (q + 1).to(gl.int64) * offs.shape[0] > N:
+                # the row's last chunk: its tail was copied as zeros; the forward needs -inf
+                tail = _flat(ring_a.index(i))
+                ok = offs < (N - q.to(gl.int64) * offs.shape[0]).to(gl.int32)
+                tail.store(gl.where(ok, tail.load(layout), float("-inf")))
+        a = _flat(ring_a.index(i)).load(layout).to(gl.float32)
+        b = a
+        if BWD:
+            b = _flat(ring_b.index(i)).load(layout).to(gl.float32)
+        cm, cs = _chunk_stat(a, b, BWD)
+        gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
 
     @gluon.jit
     def _flat(slot):
@@ -242,20 +294,24 @@ if gluon is not None:
             m, s = _merge_pair(m, s, cm, cs, BWD)
         return m, s
 
-    @gluon.jit(do_not_specialize=["M", "Q", "G", "spin_max"])
-    def _staged_kernel(A, B, OUT, DA, DB, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, G, spin_max,
+    @gluon.jit(do_not_specialize=["M", "Q", "spin_max"])
+    def _staged_kernel(A, B, OUT, DA, DB, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
                        BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
                        LAG: gl.constexpr, PBLK: gl.constexpr, LOAD_EVICT: gl.constexpr,
                        STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
-                       TMA_W: gl.constexpr):
-        """Program (slot, q) of a G x Q grid: chunk q of rows slot, slot + G, ... (see the module doc).
+                       TMA_W: gl.constexpr, CLAIM: gl.constexpr):
+        """One program of the grid: one unit (chunk u % Q of row u // Q) per step, claimed from the
+        counter (``CLAIM``) or fixed (see the module doc).
 
         A (M, N) is x forward / y backward, B is dy backward (A again forward); OUT (M, N) contiguous;
-        LSE (M,) float32 (forward only); P (M, Q) int64 partial words, all PENDING_WORD; Q <= PBLK.
+        LSE (M,) float32 (forward only); P (M * Q + 1) int64: the partial words, all PENDING_WORD,
+        and the claim counter (also PENDING_WORD); Q <= PBLK and Q <= the grid (without CLAIM, the grid
+        is a multiple of Q). The ring is STAGES = 3 slots, AHEAD = 1, LAG = 1.
         FOLD: the forward's division folded into its exponent (16-bit outputs, see ``_exp_over``).
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
+        gl.static_assert((STAGES == 3) & (AHEAD == 1) & (LAG == 1), "the ring is 3 slots, 1 ahead, lag 1")
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -285,76 +341,98 @@ if gluon is not None:
         else:
             bars = ring_a  # unused
 
-        pid = gl.program_id(0)
-        slot = pid // Q
-        q = pid - slot * Q
-        start = q.to(gl.int64) * CHUNK
         offs = gl.arange(0, CHUNK, layout)
-        ok = offs < (N - start).to(gl.int32)
-        rows = (M - slot + G - 1) // G  # rows of this program: slot + t * G for t < rows
-
-        # prologue: the first AHEAD rows' chunks start arriving
-        for i in gl.static_range(AHEAD):
-            if i < rows:
-                _issue(A, B, DA, DB, ring_a, ring_b, bars, i, slot + i * G, q, start, stride_a, stride_b, offs,
-                       ok, BWD, LOAD_EVICT, TMA_LOAD)
-            if not TMA_LOAD:
-                async_copy.commit_group()
-
-        for t in range(0, rows + LAG):
-            # every thread is done with the slot refilled below (its row was written LAG rows ago)
+        # step t holds three units, each a (row, chunk): next (loading, for step t + 1), cur (reduced
+        # now) and prev (written now); a row >= M stands for none. Once no unit is left, none is taken.
+        lanes = gl.arange(0, 32 * gl.num_warps(), playout)  # one per thread
+        if CLAIM:  # units in memory order from the counter; each claim is taken one step after it starts
+            cur_row, cur_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
+            claim = _claim_start(P, M, Q, lanes)
+        else:
+            cur_row = gl.program_id(0) // Q
+            cur_q = gl.program_id(0) - cur_row * Q
+        prev_row = M
+        prev_q = 0
+        if cur_row < M:
+            _issue(A, B, DA, DB, ring_a, ring_b, bars, 0, cur_row, cur_q, N, stride_a, stride_b, offs, BWD,
+                   LOAD_EVICT, TMA_LOAD)
+        if not TMA_LOAD:
+            async_copy.commit_group()
+        cur_done = False   # cur was reduced early (see below)
+        t = 0
+        while prev_row < M or cur_row < M:
+            # every thread is done with the slot refilled below (its unit was written last step)
             _cta_barrier()
             if TMA_LOAD:
                 fence_async_shared()  # the threads' accesses to the slot come before the copy's writes
-            ahead = t + AHEAD
-            if ahead < rows:
-                _issue(A, B, DA, DB, ring_a, ring_b, bars, ahead % STAGES, slot + ahead * G, q, start,
-                       stride_a, stride_b, offs, ok, BWD, LOAD_EVICT, TMA_LOAD)
+            next_row = M
+            next_q = 0
+            if cur_row < M:
+                if CLAIM:
+                    next_row, next_q = _claim_take(claim, lanes, Q)
+                    if next_row < M:
+                        claim = _claim_start(P, M, Q, lanes)
+                else:   # the same chunk of the row grid / Q further on
+                    next_row = cur_row + gl.num_programs(0) // Q
+                    next_q = cur_q
+            if next_row < M:
+                _issue(A, B, DA, DB, ring_a, ring_b, bars, (t + 1) % STAGES, next_row, next_q, N, stride_a,
+                       stride_b, offs, BWD, LOAD_EVICT, TMA_LOAD)
             if not TMA_LOAD:
                 async_copy.commit_group()  # one group per step, empty or not, so the count below holds
 
-            # the partial words of row t - LAG start arriving; they are used after this row's reduction
-            done_row = slot + (t - LAG) * G
+            # the partial words of prev's row start arriving; they are used after this step's reduction
             words = gl.zeros([PBLK], gl.int64, playout)
-            if t >= LAG:
-                words = _row_words(P + done_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+            if prev_row < M:
+                words = _row_words(P + prev_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
 
-            # reduce row t's chunk as soon as it is in and publish the partial (no wait, no fence)
-            if t < rows:
+            # reduce cur as soon as it is in and publish its partial (no wait, no fence)
+            if cur_row < M and not cur_done:
                 if TMA_LOAD:
                     mbarrier.wait(bars.index(t % STAGES), (t // STAGES) & 1)
                 else:
-                    async_copy.wait_group(AHEAD)
+                    async_copy.wait_group(1)
                     _cta_barrier()
-                row = slot + t * G
-                if not BWD:
-                    if start + CHUNK > N:
-                        # the row's last chunk: its tail was copied as zeros; the forward needs -inf
-                        tail = _flat(ring_a.index(t % STAGES))
-                        tail.store(gl.where(ok, tail.load(layout), float("-inf")))
-                a = _flat(ring_a.index(t % STAGES)).load(layout).to(gl.float32)
-                b = a
-                if BWD:
-                    b = _flat(ring_b.index(t % STAGES)).load(layout).to(gl.float32)
-                cm, cs = _chunk_stat(a, b, BWD)
-                gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
+                _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, offs, BWD, layout)
+            # a program never waits for a row it still holds an unreduced unit of: where next is in
+            # prev's row (claims came fast), it is reduced now, ahead of its step. (The claim started
+            # this step could be in prev's row only if the other programs took fewer than Q units in
+            # three of this program's steps; the wait's give-up would cover that.)
+            next_done = False
+            if CLAIM:
+                if (next_row == prev_row) & (prev_row < M):
+                    if TMA_LOAD:
+                        mbarrier.wait(bars.index((t + 1) % STAGES), ((t + 1) // STAGES) & 1)
+                    else:
+                        async_copy.wait_group(0)
+                        _cta_barrier()
+                    _reduce_unit(ring_a, ring_b, (t + 1) % STAGES, P, next_row, next_q, Q, N, offs, BWD, layout)
+                    next_done = True
 
-            # write row t - LAG from its slot, with the row statistic merged from every program's partial
-            if t >= LAG:
-                done, m, s = _row_stat(P + done_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
+            # write prev from its slot, with the row statistic merged from every program's partial
+            if prev_row < M:
+                done, m, s = _row_stat(P + prev_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
                                        playout)
                 if not done:
-                    m, s = _row_from_global(A, B, done_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
-                a = _flat(ring_a.index((t - LAG) % STAGES)).load(layout).to(gl.float32)
+                    m, s = _row_from_global(A, B, prev_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+                a = _flat(ring_a.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
                 if BWD:
-                    b = _flat(ring_b.index((t - LAG) % STAGES)).load(layout).to(gl.float32)
+                    b = _flat(ring_b.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
                     out = a * (b - m)
                 else:
                     shift = gl.where(m == float("-inf"), 0.0, m)
-                    gl.store(LSE + done_row, m + gl.log(s), mask=q == 0)
+                    gl.store(LSE + prev_row, m + gl.log(s), mask=prev_q == 0)
                     out = _exp_over(a, shift, s, FOLD)  # a row with sum 0 is all -inf: y = 0
-                optrs = OUT + done_row.to(gl.int64) * stride_o + start + offs
-                gl.store(optrs, out.to(OUT.dtype.element_ty), mask=ok, eviction_policy=STORE_EVICT)
+                start = prev_q.to(gl.int64) * CHUNK
+                optrs = OUT + prev_row.to(gl.int64) * stride_o + start + offs
+                gl.store(optrs, out.to(OUT.dtype.element_ty), mask=offs < (N - start).to(gl.int32),
+                         eviction_policy=STORE_EVICT)
+            prev_row = cur_row
+            prev_q = cur_q
+            cur_row = next_row
+            cur_q = next_q
+            cur_done = next_done
+            t += 1
         if not TMA_LOAD:
             async_copy.wait_group(0)
 
@@ -423,8 +501,9 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     m, n = a.shape
     elem = max(a.element_size(), b.element_size())
     chunk, warps, stages, ahead, lag, tma_load = config or staged_config(direction, elem, n)
-    if ahead + lag + 1 > stages or ahead < 1:
-        raise ValueError(f"staged softmax config {config}: needs 1 <= AHEAD and AHEAD + LAG + 1 <= STAGES")
+    if (stages, ahead, lag) != (3, 1, 1):
+        raise ValueError(f"staged softmax config {config}: the kernel's ring is 3 slots (STAGES), AHEAD 1 "
+                         f"and LAG 1 (other rings measured slower in sessions 5-11 and are not built)")
     bwd = direction == "bwd"
     q = triton.cdiv(n, chunk)
     if q > MAX_PROGRAMS_PER_ROW:
@@ -439,14 +518,22 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
     # size depends on the grid; the kernel does not specialize on M, Q, G)
     stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
-    args = [a, b, out, *descriptors, lse, stand_in, err, m, n, *map(_row_stride, (a, b, out)), 2, 2, F.SPIN_MAX]
-    programs = F.resident_programs(_staged_kernel, args, consts, warps,
+    args = [a, b, out, *descriptors, lse, stand_in, err, m, n, *map(_row_stride, (a, b, out)), 2, F.SPIN_MAX]
+    programs = F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=True), warps,
                                    ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
     if q > programs:
         return False
-    g = min(programs // q, m)
-    args[6] = torch.full((m, q), PENDING_WORD, dtype=torch.int64, device=a.device)
-    args[13:15] = [q, g]
-    _staged_kernel[(g * q,)](*args, **consts, num_warps=warps)
+    grid, claim = grid_plan(direction, m, q, programs)
+    args[6] = torch.full((m * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
+    args[13] = q
+    _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps)
     return True
 
+
+def grid_plan(direction: str, m: int, q: int, programs: int) -> tuple[int, bool]:
+    """(grid, claim) of a launch over ``m`` rows of ``q`` chunks when ``programs`` (>= q) fit the GPU
+    at once: every program, the units claimed from the counter, where a row's chunks are at most
+    ``CLAIM_MAX_ROW_SHARE[direction]`` of them (and ``CLAIM``); else the most whole rows' worth."""
+    if CLAIM and q <= CLAIM_MAX_ROW_SHARE[direction] * programs:
+        return min(programs, m * q), True
+    return min(programs // q, m) * q, False
