@@ -506,7 +506,7 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
                          f"and LAG 1 (other rings measured slower in sessions 5-11 and are not built)")
     bwd = direction == "bwd"
     q = triton.cdiv(n, chunk)
-    if q > MAX_PROGRAMS_PER_ROW:
+    if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
         return False
     err = F.error_counter(a.device)
     width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
