@@ -475,6 +475,8 @@ def test_staged_grid_plan_cpu(monkeypatch):
     assert S.grid_plan("bwd", 1000, 64, 264) == (264, True)
     assert S.grid_plan("bwd", 1000, 128, 264) == (256, False)
     assert S.grid_plan("bwd", 1, 256, 264) == (256, False)
+    assert S.grid_plan("fwd", 1000, 16, 264, claim=False) == (256, False)
+    assert S.grid_plan("bwd", 1, 300, 264, claim=False) == (0, False)   # one row outnumbers the grid
     monkeypatch.setattr(S, "CLAIM", False)
     assert S.grid_plan("fwd", 1000, 16, 264) == (256, False)
     assert S.grid_plan("bwd", 3, 16, 264) == (48, False)

@@ -516,24 +516,32 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
                   TMA_LOAD=width > 0, TMA_W=width)
     descriptors = [_descriptor(t, width, chunk) for t in (a, b)] if width else [a, b]
     # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
-    # size depends on the grid; the kernel does not specialize on M, Q, G)
+    # size depends on the rows; the kernel does not specialize on M, Q)
     stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
     args = [a, b, out, *descriptors, lse, stand_in, err, m, n, *map(_row_stride, (a, b, out)), 2, F.SPIN_MAX]
-    programs = F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=True), warps,
+
+    def resident(claim: bool) -> int:
+        return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps,
                                    ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
-    if q > programs:
+
+    if q > resident(True):
         return False
-    grid, claim = grid_plan(direction, m, q, programs)
+    grid, claim = grid_plan(direction, m, q, resident(True))
+    if not claim:  # the fixed-unit build sizes its own grid (its occupancy may differ)
+        grid, _ = grid_plan(direction, m, q, resident(False), claim=False)
+        if grid == 0:
+            return False
     args[6] = torch.full((m * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
     args[13] = q
     _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps)
     return True
 
 
-def grid_plan(direction: str, m: int, q: int, programs: int) -> tuple[int, bool]:
+def grid_plan(direction: str, m: int, q: int, programs: int, claim: bool | None = None) -> tuple[int, bool]:
     """(grid, claim) of a launch over ``m`` rows of ``q`` chunks when ``programs`` (>= q) fit the GPU
     at once: every program, the units claimed from the counter, where a row's chunks are at most
-    ``CLAIM_MAX_ROW_SHARE[direction]`` of them (and ``CLAIM``); else the most whole rows' worth."""
-    if CLAIM and q <= CLAIM_MAX_ROW_SHARE[direction] * programs:
+    ``CLAIM_MAX_ROW_SHARE[direction]`` of them (and ``claim``, default ``CLAIM``); else the most
+    whole rows' worth of programs (0 if one row's chunks outnumber them)."""
+    if (CLAIM if claim is None else claim) and q <= CLAIM_MAX_ROW_SHARE[direction] * programs:
         return min(programs, m * q), True
     return min(programs // q, m) * q, False
