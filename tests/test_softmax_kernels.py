@@ -429,13 +429,13 @@ def test_staged_table_fits_and_checks_its_config_cpu():
         for n, config in entries:
             assert S.staged_config(direction, elem, max(n, 1)) == config
             chunk, warps, stages, ahead, lag, tma_load = config
-            assert (stages, ahead, lag) == (3, 1, 1)
+            assert (stages, ahead, lag) in S.RINGS
             tensors = 2 if direction == "bwd" else 1
             assert stages * chunk * elem * tensors <= 160 * 1024
             assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
     x = torch.randn(2, 1 << 16)
     assert not S.available(x)
-    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0)):
+    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 1, 2), (4, 2, 2)):
         with pytest.raises(ValueError, match="AHEAD"):
             S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, *ring, False))
 
@@ -443,11 +443,12 @@ def test_staged_table_fits_and_checks_its_config_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m, n", [(1, 65536), (300, 40000), (37, 2**19 + 16), (5, 2**19 + 64)])
+@pytest.mark.parametrize("m, n", [(1, 65536), (300, 40000), (37, 2**19 + 16), (5, 2**19 + 64), (3, 2**20 + 64)])
 def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
     """The staged kernel itself: one row, many rows per program, a tail chunk; strided rows (16-byte
     aligned, so 16-bit rows qualify); chunks loaded by cp.async or TMA, both directions (TMA takes
-    rows of a multiple of 64 elements here, with boxes 256, 64 and 64 wide; 2^19 + 16 falls back)."""
+    rows of a multiple of 64 elements here, with boxes 256, 64 and 64 wide; 2^19 + 16 falls back;
+    2^20 + 64: the 16-bit backward's ring of lag 2)."""
     x = make_x(m, n + 64, dtype, "cuda", scale=30.0)[:, 32:32 + n]
     assert S.available(x)
     fwd, bwd = (S.staged_config(d, x.element_size(), n)[:5] + (tma,) for d in ("fwd", "bwd"))
@@ -467,7 +468,10 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
 def test_staged_grid_plan_cpu(monkeypatch):
     """Units come from the counter on every resident program while a row's chunks are at most the
     direction's share of them; longer rows (and CLAIM off) take the most whole rows' worth."""
-    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {"fwd": 0.125, "bwd": 0.25})
+    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {("fwd", 1): 0.125, ("bwd", 1): 0.25, ("fwd", 2): 1.0,
+                                                   ("bwd", 2): 1.0})
+    assert S.grid_plan("bwd", 1000, 256, 264, lag=2) == (264, True)     # lag 2: claims up to the grid
+    assert S.grid_plan("bwd", 1000, 256, 264, claim=False, lag=2) == (256, False)
     assert S.grid_plan("fwd", 1000, 16, 264) == (264, True)
     assert S.grid_plan("fwd", 2, 16, 264) == (32, True)
     assert S.grid_plan("fwd", 1000, 33, 264) == (264, True)
@@ -483,23 +487,31 @@ def test_staged_grid_plan_cpu(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lag", [1, 2])
 @pytest.mark.parametrize("claim", [False, True])
 @pytest.mark.parametrize("programs", [7, 12])
-def test_staged_small_grids_gpu(programs, claim, poisoned, monkeypatch):
-    """Grids of 7 and 12 programs over rows of 3 (forward) and 6 (backward) chunks, units claimed from
-    the counter (a row's chunks then straddle the programs' steps) or whole rows per group of programs."""
+def test_staged_small_grids_gpu(programs, claim, lag, poisoned, monkeypatch):
+    """Grids of 7 and 12 programs over rows of 3 (forward) and 6 (backward) chunks (lag 2: 6 and 12),
+    units claimed from the counter (a row's chunks then straddle the programs' steps) or whole rows
+    per group of programs; both rings (a chunk waits in its slot, or in registers)."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", programs)
     monkeypatch.setattr(S, "CLAIM", claim)
-    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {"fwd": 1.0, "bwd": 1.0})
+    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0))
+    configs = {1: ((8192, 4, 3, 1, 1, False), (4096, 4, 3, 1, 1, False)),
+               2: ((4096, 4, 3, 2, 2, False), (2048, 4, 3, 2, 2, False))}[lag]
     m, n = 50, 3 * 8192 - 5
     x = make_x(m, n, torch.float32, "cuda", scale=30.0)
     y, lse = torch.empty_like(x), torch.empty(m, device="cuda")
-    assert S.launch("fwd", x, x, y, lse)
-    check_fwd(x, y, lse, TOL[torch.float32])
+    launched = S.launch("fwd", x, x, y, lse, configs[0])
+    assert launched == (-(-n // configs[0][0]) <= programs)
+    if launched:
+        check_fwd(x, y, lse, TOL[torch.float32])
     dy = torch.randn_like(y)
     dx = torch.empty_like(dy)
-    assert S.launch("bwd", y, dy, dx, dx)
-    check_bwd(y, dy, dx, TOL[torch.float32])
+    launched = S.launch("bwd", y, dy, dx, dx, configs[1])
+    assert launched == (-(-n // configs[1][0]) <= programs)
+    if launched:
+        check_bwd(y, dy, dx, TOL[torch.float32])
     assert F.sync_failures("cuda") == 0
 
 

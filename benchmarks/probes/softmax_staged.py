@@ -28,8 +28,8 @@ from ringsoftmax.kernels import softmax_staged as S
 CONFIGS = {  # (chunk, warps, stages, ahead, lag, loads by TMA)
     ("fwd", 4): [(8192, 4, 3, 1, 1, False), (16384, 8, 3, 1, 1, False)],
     ("fwd", 2): [(8192, 4, 3, 1, 1, True), (16384, 4, 3, 1, 1, True)],
-    ("bwd", 4): [(4096, 4, 3, 1, 1, False), (8192, 8, 3, 1, 1, False), (8192, 4, 3, 1, 1, False)],
-    ("bwd", 2): [(8192, 4, 3, 1, 1, False), (16384, 8, 3, 1, 1, False)],
+    ("bwd", 4): [(4096, 4, 3, 1, 1, False), (4096, 4, 3, 2, 2, False), (8192, 8, 3, 1, 1, False)],
+    ("bwd", 2): [(8192, 4, 3, 1, 1, False), (8192, 4, 3, 2, 2, False), (16384, 8, 3, 1, 1, False)],
 }
 DEFAULT_EVICTS = (S.LOAD_EVICT, S.STORE_EVICT)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -110,7 +110,7 @@ def claim_variants(choices):
     def variant(claim):
         def launch(*args):
             saved = S.CLAIM, S.CLAIM_MAX_ROW_SHARE
-            S.CLAIM, S.CLAIM_MAX_ROW_SHARE = claim, {"fwd": 1.0, "bwd": 1.0}
+            S.CLAIM, S.CLAIM_MAX_ROW_SHARE = claim, dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0)
             try:
                 return S.launch(*args)
             finally:
@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--configs", default="",
                     help="replace the configs of some (direction, element size): "
                          "'fwd/4=4096:4:3:1:1:0,8192:8:3:1:1:1 bwd/2=...' (chunk:warps:stages:ahead:lag:tma; the ring "
-                         "is always 3:1:1)")
+                         "is 3:1:1 or 3:2:2)")
     ap.add_argument("--max-programs", type=int, default=S.MAX_PROGRAMS_PER_ROW,
                     help="most programs per row (the kernel reads a row's partial words as one block)")
     ap.add_argument("--modules", default="", help="name=path,... other copies of softmax_staged.py")
@@ -229,9 +229,9 @@ def main():
                     t = bench(lambda: run(cfg))
                     q = triton.cdiv(n, cfg[0])
                     programs = max(F._OCCUPANCY[k] for k in key if dict(k[2]).get("CHUNK") == cfg[0]
-                                   and dict(k[2]).get("STAGES") == cfg[2] and k[3] == cfg[1]
-                                   and dict(k[2]).get("BWD") == (direction == "bwd"))
-                    use = S.grid_plan(direction, m, q, programs)[0] / programs
+                                   and dict(k[2]).get("STAGES") == cfg[2] and dict(k[2]).get("LAG") == cfg[4]
+                                   and k[3] == cfg[1] and dict(k[2]).get("BWD") == (direction == "bwd"))
+                    use = S.grid_plan(direction, m, q, programs, lag=cfg[4])[0] / programs
                     print(f"{direction} | {dname} | {n} | {m} | {label} | {use:.2f} of {programs} | "
                           f"{nbytes / t / 1e6:.0f} | {100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | {fails}",
                           flush=True)

@@ -13,10 +13,11 @@ as PENDING_WORD, so a reader knows which have arrived without a counter, an atom
 fence, which would wait for the program's earlier stores). Where the Triton persistent kernel
 (``softmax_fwd.py``) re-reads the chunk from L2 once the row's partials are in, this one keeps it on
 chip: chunks arrive by ``cp.async`` (or one TMA bulk copy per chunk, where the config asks for it on
-sm_90+) into a ring of 3 shared-memory slots, one step ahead of the reduction, and a chunk is written
-one step after its own reduction, when the other programs' partials have long arrived. HBM traffic
-is the floor (one read of each input, one write) and no register holds a chunk across the wait; the
-wait itself is off the critical path unless a program falls a step behind.
+sm_90+) into a ring of 3 shared-memory slots, and a chunk is written LAG steps after its own
+reduction, when the other programs' partials have long arrived: with lag 1 it waits in its slot (the
+next chunk loads one step ahead), with lag 2 in registers, its slot refilled at once (two ahead).
+HBM traffic is the floor (one read of each input, one write); the wait itself is off the critical
+path unless a program falls LAG steps behind.
 
 Work: M * Q units, unit u being chunk u % Q of row u // Q, one per program and step. Grid: the
 programs the GPU holds at once (the waits assume they all run together: the launcher sizes the grid
@@ -25,7 +26,8 @@ takes its next unit in memory order from a counter (``CLAIM``): the programs the
 one stretch of memory, as a hardware-scheduled grid does, where fixed units let them drift apart
 (a persistent copy ran at 90% of torch's copy with fixed chunks and 98% with claimed ones, H200).
 Longer rows take fixed units: G = grid / Q whole rows in flight, program (slot, q) on chunk q of rows
-slot, slot + G, ... (claims there spread a row over more steps than the lag covers). A program never
+slot, slot + G, ... (claims there spread a row over more steps than a lag of 1 covers; with lag 2
+units are always claimed). A program never
 waits for a row it holds an unreduced unit of (it reduces that unit first). A wait that gives up
 after ``spin_max`` polls counts itself in ``ERR`` and recomputes the row's statistic from global
 memory, so the result stays right.
@@ -60,17 +62,20 @@ except ImportError:  # pragma: no cover - older triton
 #: Configurations, by direction and element size (the larger of y and dy backward), each a list of
 #: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
 #: Config: (chunk elements per program, num_warps, shared-memory slots, rows loaded ahead, rows of
-#: lag, loads by TMA); the ring is always 3 slots, 1 ahead, lag 1 (the kernel's one ring). Chosen on
+#: lag, loads by TMA); the ring is one of ``RINGS``. Chosen on
 #: an H200 from benchmarks/probes/softmax_staged.py (.notes/softmax.md): 3 slots (2 programs per
 #: multiprocessor at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points (session 5); 16-bit
 #: forward chunks of 16K against 8K: +0.5-1 point at 64K-1M, +2 at 2M, +5 at 4M (session 6); TMA
 #: loads against cp.async (session 12): 16-bit forward +0.5 to +4.6 points at 64K-4M; fp32 forward
-#: -0.4 to +0.6; backward -0.5 to -14.6.
+#: -0.4 to +0.6; backward -0.5 to -14.6. Backward rings of lag 2 (session 14, units claimed): fp32
+#: (4096, 4) +0.3 / +0.4 / +1.1 / +5.2 / +8.9 points at 64K / 128K / 256K / 512K / 1M against lag 1;
+#: bf16 (8192, 4) -1.9 .. -0.8 up to 512K, +2.0 at 1M, +5.3 at 2M. Forward rings of lag 2 measured
+#: 49-77% of copy (more registers than the exponentials leave: 210-255): not in the table.
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True))],
-    ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False))],
-    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False))],
+    ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False))],
+    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (1048576, (8192, 4, 3, 2, 2, False))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -93,15 +98,19 @@ STORE_EVICT = ""
 #: lower in 12 of 14 cells, and -2.5 to +0.3 backward on an H200 in session 12: not kept.)
 TMA_LOADS = True
 #: Programs take their units (chunks) in memory order from a counter, where one row's chunks are at
-#: most CLAIM_MAX_ROW_SHARE[direction] of the resident programs (else program p takes units p, p +
+#: most CLAIM_MAX_ROW_SHARE[direction, lag] of the resident programs (else program p takes units p, p +
 #: grid, ... of a grid of whole rows). On an H200 (session 13) a persistent copy kernel reached 90% of
 #: torch's copy with fixed chunks per program and 98% with chunks claimed in memory order; with claims
 #: the staged forward gained +3.5 to +6.5 points of copy at 64K-256K and the backward +2 to +5 at
 #: 64K-512K (up to 64 chunks per row), but the forward lost 3 points at 64 chunks per row (bf16 1M)
 #: and both directions lost 5-18 at 128 (a row's chunks then spread over more of the programs' steps
-#: than the one step of lag covers).
+#: than the one step of lag covers). With two steps of lag (session 14, backward) claims beat fixed
+#: units in every cell, by 0.5-3.5 points at 64K-1M fp32 (up to 256 chunks per row on 264 programs).
 CLAIM = True
-CLAIM_MAX_ROW_SHARE = {"fwd": 0.125, "bwd": 0.25}
+CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25, ("fwd", 2): 1.0, ("bwd", 2): 1.0}
+#: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
+#: statistic in its slot (lag 1), or in registers (lag 2: its slot is refilled at once, 2 ahead).
+RINGS = ((3, 1, 1), (3, 2, 2))
 #: Most programs one row can have (the partial words of a row are read as one block of this size).
 MAX_PROGRAMS_PER_ROW = 512
 #: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
@@ -155,21 +164,44 @@ if gluon is not None:
         return row, u - row * Q
 
     @gluon.jit
-    def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, offs, BWD: gl.constexpr, layout: gl.constexpr):
-        """Reduce chunk ``q`` of ``row`` (landed in ring slot ``i``) to its partial and publish it as
-        its word."""
+    def _load_unit(ring_a, ring_b, i, q, N, offs, BWD: gl.constexpr, layout: gl.constexpr):
+        """Chunk ``q`` of a row (landed in ring slot ``i``) in registers, in the inputs' dtypes: (a, b),
+        b = a forward. The forward reads -inf past the row's end."""
         if not BWD:
             if (q + 1).to(gl.int64) * offs.shape[0] > N:
                 # the row's last chunk: its tail was copied as zeros; the forward needs -inf
                 tail = _flat(ring_a.index(i))
                 ok = offs < (N - q.to(gl.int64) * offs.shape[0]).to(gl.int32)
                 tail.store(gl.where(ok, tail.load(layout), float("-inf")))
-        a = _flat(ring_a.index(i)).load(layout).to(gl.float32)
+        a = _flat(ring_a.index(i)).load(layout)
         b = a
         if BWD:
-            b = _flat(ring_b.index(i)).load(layout).to(gl.float32)
-        cm, cs = _chunk_stat(a, b, BWD)
+            b = _flat(ring_b.index(i)).load(layout)
+        return a, b
+
+    @gluon.jit
+    def _publish(P, row, q, Q, a, b, BWD: gl.constexpr):
+        """Reduce a chunk (a, b) of ``row`` to its partial and publish it as word ``q`` of the row."""
+        cm, cs = _chunk_stat(a.to(gl.float32), b.to(gl.float32), BWD)
         gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
+
+    @gluon.jit
+    def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, offs, BWD: gl.constexpr, layout: gl.constexpr):
+        """Reduce chunk ``q`` of ``row`` (landed in ring slot ``i``) to its partial and publish it as
+        its word; returns the chunk (``_load_unit``)."""
+        a, b = _load_unit(ring_a, ring_b, i, q, N, offs, BWD, layout)
+        _publish(P, row, q, Q, a, b, BWD)
+        return a, b
+
+    @gluon.jit
+    def _wait_slot(bars, i, phase, outstanding: gl.constexpr, TMA: gl.constexpr):
+        """Wait until the copies into ring slot ``i`` have landed: its barrier's ``phase`` (TMA), or
+        all but the last ``outstanding`` cp.async groups of this thread, then the CTA's."""
+        if TMA:
+            mbarrier.wait(bars.index(i), phase)
+        else:
+            async_copy.wait_group(outstanding)
+            _cta_barrier()
 
     @gluon.jit
     def _flat(slot):
@@ -311,7 +343,8 @@ if gluon is not None:
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
-        gl.static_assert((STAGES == 3) & (AHEAD == 1) & (LAG == 1), "the ring is 3 slots, 1 ahead, lag 1")
+        gl.static_assert((STAGES == 3) & (((AHEAD == 1) & (LAG == 1)) | ((AHEAD == 2) & (LAG == 2))),
+                         "the ring is 3 slots, 1 ahead and lag 1, or 2 ahead and lag 2 (in registers)")
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -342,15 +375,22 @@ if gluon is not None:
             bars = ring_a  # unused
 
         offs = gl.arange(0, CHUNK, layout)
-        # step t holds three units, each a (row, chunk): next (loading, for step t + 1), cur (reduced
-        # now) and prev (written now); a row >= M stands for none. Once no unit is left, none is taken.
+        HOLD: gl.constexpr = LAG == 2
+        # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
+        # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in
+        # registers). A row >= M stands for none; once no unit is left, none is taken.
         lanes = gl.arange(0, 32 * gl.num_warps(), playout)  # one per thread
         if CLAIM:  # units in memory order from the counter; each claim is taken one step after it starts
             cur_row, cur_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
+            if HOLD:
+                nxt_row, nxt_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
             claim = _claim_start(P, M, Q, lanes)
         else:
             cur_row = gl.program_id(0) // Q
             cur_q = gl.program_id(0) - cur_row * Q
+            if HOLD:
+                nxt_row = cur_row + gl.num_programs(0) // Q
+                nxt_q = cur_q + 0  # a value of its own (see old_row)
         prev_row = M
         prev_q = 0
         if cur_row < M:
@@ -358,80 +398,145 @@ if gluon is not None:
                    LOAD_EVICT, TMA_LOAD)
         if not TMA_LOAD:
             async_copy.commit_group()
+        # LAG 2: the unit written now (prev then waits in registers: held_a, held_b). Every carried
+        # variable starts as a value of its own: triton carries a variable through a loop only where
+        # one pass of the body changes its value, and old_row = prev_row would not change M.
+        old_row = M + 0
+        old_q = 0
+        if HOLD:
+            if nxt_row < M:
+                _issue(A, B, DA, DB, ring_a, ring_b, bars, 1, nxt_row, nxt_q, N, stride_a, stride_b, offs, BWD,
+                       LOAD_EVICT, TMA_LOAD)
+            if not TMA_LOAD:
+                async_copy.commit_group()
+            nxt_done = False
+            held_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
+            old_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
+            if BWD:  # (forward, b is a: not carried twice)
+                held_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
+                old_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
         cur_done = False   # cur was reduced early (see below)
         t = 0
-        while prev_row < M or cur_row < M:
-            # every thread is done with the slot refilled below (its unit was written last step)
+        while (old_row < M) or (prev_row < M) or (cur_row < M):
+            # every thread is done with the slot refilled below (its unit was written, or LAG 2 loaded
+            # into registers, last step)
             _cta_barrier()
             if TMA_LOAD:
                 fence_async_shared()  # the threads' accesses to the slot come before the copy's writes
-            next_row = M
-            next_q = 0
-            if cur_row < M:
+            # the unit AHEAD steps on: from the counter, or the same chunk of the row grid / Q further on
+            if HOLD:
+                last_row = nxt_row
+                last_q = nxt_q
+            else:
+                last_row = cur_row
+                last_q = cur_q
+            new_row = M
+            new_q = 0
+            if last_row < M:
                 if CLAIM:
-                    next_row, next_q = _claim_take(claim, lanes, Q)
-                    if next_row < M:
+                    new_row, new_q = _claim_take(claim, lanes, Q)
+                    if new_row < M:
                         claim = _claim_start(P, M, Q, lanes)
-                else:   # the same chunk of the row grid / Q further on
-                    next_row = cur_row + gl.num_programs(0) // Q
-                    next_q = cur_q
-            if next_row < M:
-                _issue(A, B, DA, DB, ring_a, ring_b, bars, (t + 1) % STAGES, next_row, next_q, N, stride_a,
+                else:
+                    new_row = last_row + gl.num_programs(0) // Q
+                    new_q = last_q
+            if new_row < M:
+                _issue(A, B, DA, DB, ring_a, ring_b, bars, (t + AHEAD) % STAGES, new_row, new_q, N, stride_a,
                        stride_b, offs, BWD, LOAD_EVICT, TMA_LOAD)
             if not TMA_LOAD:
-                async_copy.commit_group()  # one group per step, empty or not, so the count below holds
+                async_copy.commit_group()  # one group per step, empty or not, so the counts below hold
 
-            # the partial words of prev's row start arriving; they are used after this step's reduction
+            # the unit written now; its row's partial words start arriving, used after the reduction
+            if HOLD:
+                w_row = old_row
+                w_q = old_q
+            else:
+                w_row = prev_row
+                w_q = prev_q
             words = gl.zeros([PBLK], gl.int64, playout)
-            if prev_row < M:
-                words = _row_words(P + prev_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+            if w_row < M:
+                words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
 
-            # reduce cur as soon as it is in and publish its partial (no wait, no fence)
-            if cur_row < M and not cur_done:
-                if TMA_LOAD:
-                    mbarrier.wait(bars.index(t % STAGES), (t // STAGES) & 1)
-                else:
-                    async_copy.wait_group(1)
-                    _cta_barrier()
-                _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, offs, BWD, layout)
-            # a program never waits for a row it still holds an unreduced unit of: where next is in
-            # prev's row (claims came fast), it is reduced now, ahead of its step. (The claim started
-            # this step could be in prev's row only if the other programs took fewer than Q units in
-            # three of this program's steps; the wait's give-up would cover that.)
-            next_done = False
+            # reduce cur as soon as it is in and publish its partial (no wait, no fence); LAG 2 keeps it
+            # in registers
+            if HOLD:
+                cur_a = held_a
+                cur_b = held_a
+                if BWD:
+                    cur_b = held_b
+                if cur_row < M:
+                    if not cur_done:
+                        _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
+                    cur_a, cur_b = _load_unit(ring_a, ring_b, t % STAGES, cur_q, N, offs, BWD, layout)
+                    if not cur_done:
+                        _publish(P, cur_row, cur_q, Q, cur_a, cur_b, BWD)
+            else:
+                if cur_row < M and not cur_done:
+                    _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
+                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, offs, BWD, layout)
+            # a program never waits for a row it still holds an unreduced unit of: units in flight
+            # in the written unit's row (claims came fast) are reduced now, ahead of their steps. (A
+            # claim started this step could be in that row only if the other programs took fewer than
+            # Q units in AHEAD + LAG + 1 of this program's steps; the wait's give-up would cover that.)
+            new_done = False
             if CLAIM:
-                if (next_row == prev_row) & (prev_row < M):
-                    if TMA_LOAD:
-                        mbarrier.wait(bars.index((t + 1) % STAGES), ((t + 1) // STAGES) & 1)
-                    else:
-                        async_copy.wait_group(0)
-                        _cta_barrier()
-                    _reduce_unit(ring_a, ring_b, (t + 1) % STAGES, P, next_row, next_q, Q, N, offs, BWD, layout)
-                    next_done = True
+                if HOLD:
+                    if (nxt_row == w_row) & (w_row < M) & (not nxt_done):
+                        _wait_slot(bars, (t + 1) % STAGES, ((t + 1) // STAGES) & 1, 1, TMA_LOAD)
+                        _reduce_unit(ring_a, ring_b, (t + 1) % STAGES, P, nxt_row, nxt_q, Q, N, offs, BWD, layout)
+                        nxt_done = True
+                if (new_row == w_row) & (w_row < M):
+                    _wait_slot(bars, (t + AHEAD) % STAGES, ((t + AHEAD) // STAGES) & 1, 0, TMA_LOAD)
+                    _reduce_unit(ring_a, ring_b, (t + AHEAD) % STAGES, P, new_row, new_q, Q, N, offs, BWD, layout)
+                    new_done = True
 
-            # write prev from its slot, with the row statistic merged from every program's partial
-            if prev_row < M:
-                done, m, s = _row_stat(P + prev_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
+            # write the unit LAG steps back (from registers, or its slot), with the row statistic
+            # merged from every program's partial
+            if w_row < M:
+                done, m, s = _row_stat(P + w_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
                                        playout)
                 if not done:
-                    m, s = _row_from_global(A, B, prev_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
-                a = _flat(ring_a.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
+                    m, s = _row_from_global(A, B, w_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+                if HOLD:
+                    a = old_a.to(gl.float32)
+                else:
+                    a = _flat(ring_a.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
                 if BWD:
-                    b = _flat(ring_b.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
+                    if HOLD:
+                        b = old_b.to(gl.float32)
+                    else:
+                        b = _flat(ring_b.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
                     out = a * (b - m)
                 else:
                     shift = gl.where(m == float("-inf"), 0.0, m)
-                    gl.store(LSE + prev_row, m + gl.log(s), mask=prev_q == 0)
+                    gl.store(LSE + w_row, m + gl.log(s), mask=w_q == 0)
                     out = _exp_over(a, shift, s, FOLD)  # a row with sum 0 is all -inf: y = 0
-                start = prev_q.to(gl.int64) * CHUNK
-                optrs = OUT + prev_row.to(gl.int64) * stride_o + start + offs
+                start = w_q.to(gl.int64) * CHUNK
+                optrs = OUT + w_row.to(gl.int64) * stride_o + start + offs
                 gl.store(optrs, out.to(OUT.dtype.element_ty), mask=offs < (N - start).to(gl.int32),
                          eviction_policy=STORE_EVICT)
-            prev_row = cur_row
-            prev_q = cur_q
-            cur_row = next_row
-            cur_q = next_q
-            cur_done = next_done
+            if HOLD:
+                old_row = prev_row
+                old_q = prev_q
+                old_a = held_a
+                held_a = cur_a
+                if BWD:
+                    old_b = held_b
+                    held_b = cur_b
+                prev_row = cur_row
+                prev_q = cur_q
+                cur_row = nxt_row
+                cur_q = nxt_q
+                cur_done = nxt_done
+                nxt_row = new_row
+                nxt_q = new_q
+                nxt_done = new_done
+            else:
+                prev_row = cur_row
+                prev_q = cur_q
+                cur_row = new_row
+                cur_q = new_q
+                cur_done = new_done
             t += 1
         if not TMA_LOAD:
             async_copy.wait_group(0)
@@ -501,9 +606,10 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     m, n = a.shape
     elem = max(a.element_size(), b.element_size())
     chunk, warps, stages, ahead, lag, tma_load = config or staged_config(direction, elem, n)
-    if (stages, ahead, lag) != (3, 1, 1):
-        raise ValueError(f"staged softmax config {config}: the kernel's ring is 3 slots (STAGES), AHEAD 1 "
-                         f"and LAG 1 (other rings measured slower in sessions 5-11 and are not built)")
+    if (stages, ahead, lag) not in RINGS:
+        raise ValueError(f"staged softmax config {config}: the kernel's rings are 3 slots (STAGES) with AHEAD 1 "
+                         f"and LAG 1, or AHEAD 2 and LAG 2 (the lagging chunk in registers); others measured "
+                         f"slower in sessions 5-11 and are not built")
     bwd = direction == "bwd"
     q = triton.cdiv(n, chunk)
     if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
@@ -526,9 +632,9 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
 
     if q > resident(True):
         return False
-    grid, claim = grid_plan(direction, m, q, resident(True))
+    grid, claim = grid_plan(direction, m, q, resident(True), lag=lag)
     if not claim:  # the fixed-unit build sizes its own grid (its occupancy may differ)
-        grid, _ = grid_plan(direction, m, q, resident(False), claim=False)
+        grid, _ = grid_plan(direction, m, q, resident(False), claim=False, lag=lag)
         if grid == 0:
             return False
     args[6] = torch.full((m * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
@@ -537,11 +643,12 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     return True
 
 
-def grid_plan(direction: str, m: int, q: int, programs: int, claim: bool | None = None) -> tuple[int, bool]:
+def grid_plan(direction: str, m: int, q: int, programs: int, claim: bool | None = None,
+              lag: int = 1) -> tuple[int, bool]:
     """(grid, claim) of a launch over ``m`` rows of ``q`` chunks when ``programs`` (>= q) fit the GPU
     at once: every program, the units claimed from the counter, where a row's chunks are at most
-    ``CLAIM_MAX_ROW_SHARE[direction]`` of them (and ``claim``, default ``CLAIM``); else the most
+    ``CLAIM_MAX_ROW_SHARE[direction, lag]`` of them (and ``claim``, default ``CLAIM``); else the most
     whole rows' worth of programs (0 if one row's chunks outnumber them)."""
-    if (CLAIM if claim is None else claim) and q <= CLAIM_MAX_ROW_SHARE[direction] * programs:
+    if (CLAIM if claim is None else claim) and q <= CLAIM_MAX_ROW_SHARE[direction, lag] * programs:
         return min(programs, m * q), True
     return min(programs // q, m) * q, False
