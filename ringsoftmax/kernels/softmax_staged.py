@@ -68,9 +68,9 @@ except ImportError:  # pragma: no cover - older triton
 #: forward chunks of 16K against 8K: +0.5-1 point at 64K-1M, +2 at 2M, +5 at 4M (session 6); TMA
 #: loads against cp.async (session 12): 16-bit forward +0.5 to +4.6 points at 64K-4M; fp32 forward
 #: -0.4 to +0.6; backward -0.5 to -14.6. Backward rings of lag 2 (session 14, units claimed): fp32
-#: (4096, 4) +0.3 / +0.4 / +1.1 / +5.2 / +8.9 points at 64K / 128K / 256K / 512K / 1M against lag 1;
-#: bf16 (8192, 4) -1.9 .. -0.8 up to 512K, +2.0 at 1M, +5.3 at 2M. Forward rings of lag 2 measured
-#: 49-77% of copy (more registers than the exponentials leave: 210-255): not in the table.
+#: (4096, 4) +0.2 / +1.9 / +5.4 / +9.4 points at 64K / 256K / 512K / 1M against lag 1; bf16
+#: (8192, 4) -1.7 to -0.4 up to 512K, +1.9 at 1M, +5.4 at 2M. Forward rings of lag 2 measured 49-77%
+#: of copy against 88-96% (168-255 registers: three chunks live): not in the table.
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True))],
@@ -104,8 +104,9 @@ TMA_LOADS = True
 #: the staged forward gained +3.5 to +6.5 points of copy at 64K-256K and the backward +2 to +5 at
 #: 64K-512K (up to 64 chunks per row), but the forward lost 3 points at 64 chunks per row (bf16 1M)
 #: and both directions lost 5-18 at 128 (a row's chunks then spread over more of the programs' steps
-#: than the one step of lag covers). With two steps of lag (session 14, backward) claims beat fixed
-#: units in every cell, by 0.5-3.5 points at 64K-1M fp32 (up to 256 chunks per row on 264 programs).
+#: than the one step of lag covers). With two steps of lag (session 14, the table's backward configs)
+#: claims beat fixed units by 1.8-3.5 points at 64K-1M fp32 (up to 256 chunks per row on 264
+#: programs) and by -0.2 to +1.1 at 64K-2M bf16.
 CLAIM = True
 CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25, ("fwd", 2): 1.0, ("bwd", 2): 1.0}
 #: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
