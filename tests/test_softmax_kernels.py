@@ -435,8 +435,15 @@ def test_staged_table_fits_and_checks_its_config_cpu():
             assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
     x = torch.randn(2, 1 << 16)
     assert not S.available(x)
-    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 1, 2), (4, 2, 2)):
-        with pytest.raises(ValueError, match="AHEAD"):
+    # a ring the table takes only with TMA loads gives way to the entry before it where rows cannot
+    for direction, elem in S.STAGED_CONFIG:
+        for n in (1 << 16, 1 << 20, 1 << 21):
+            assert S.staged_config(direction, elem, n, tma=False)[2:5] not in S.TMA_ONLY_RINGS
+    assert S.staged_config("fwd", 4, 1 << 20)[2:5] in S.TMA_ONLY_RINGS
+    rows = torch.randn(2, 1 << 20)  # CPU tensors take no TMA
+    assert S.launch_config("fwd", rows, rows) == S.staged_config("fwd", 4, 1 << 20, tma=False)
+    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 1, 2), (4, 2, 2), (4, 1, 1)):
+        with pytest.raises(ValueError, match="STAGES, AHEAD, LAG"):
             S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, *ring, False))
 
 
@@ -447,13 +454,14 @@ def test_staged_table_fits_and_checks_its_config_cpu():
 def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
     """The staged kernel itself: one row, many rows per program, a tail chunk; strided rows (16-byte
     aligned, so 16-bit rows qualify); chunks loaded by cp.async or TMA, both directions (TMA takes
-    rows of a multiple of 64 elements here, with boxes 256, 64 and 64 wide; 2^19 + 16 falls back;
-    2^20 + 64: the 16-bit backward's ring of lag 2)."""
+    rows whose length the narrowest box width divides: 16 bytes, and chunk / 256 elements (a box has
+    at most 256 rows); 2^19 + 16 float32 in chunks of 4096 by boxes 16 wide, 16-bit rows of it fall
+    back; 2^20 + 64: the 16-bit rings of lag 2)."""
     x = make_x(m, n + 64, dtype, "cuda", scale=30.0)[:, 32:32 + n]
     assert S.available(x)
     fwd, bwd = (S.staged_config(d, x.element_size(), n)[:5] + (tma,) for d in ("fwd", "bwd"))
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    assert (S.tma_width(n, fwd[0], x) > 0) == (hopper and n % 64 == 0)
+    assert (S.tma_width(n, fwd[0], x) > 0) == (hopper and n % max(16 // x.element_size(), fwd[0] // 256) == 0)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     lse = torch.empty(m, device="cuda")
     assert S.launch("fwd", x, x, y, lse, fwd)
@@ -487,18 +495,32 @@ def test_staged_grid_plan_cpu(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lag", [1, 2])
+def test_staged_tma_only_ring_gpu(poisoned):
+    """float32 forward rows of 2^20 take the 4-slot ring by TMA on Hopper; rows that cannot take TMA
+    (N % 4 != 0) take the lag-1 entry before it; both right."""
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    for n in (1 << 20, (1 << 20) - 2):
+        x = make_x(3, n, torch.float32, "cuda", scale=30.0)
+        ring = S.launch_config("fwd", x, x)[2:5]
+        assert (ring in S.TMA_ONLY_RINGS) == (hopper and n % 4 == 0)
+        y, lse = F.softmax_fwd(x)
+        check_fwd(x, y, lse, TOL[torch.float32])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ring", S.RINGS)
 @pytest.mark.parametrize("claim", [False, True])
 @pytest.mark.parametrize("programs", [7, 12])
-def test_staged_small_grids_gpu(programs, claim, lag, poisoned, monkeypatch):
+def test_staged_small_grids_gpu(programs, claim, ring, poisoned, monkeypatch):
     """Grids of 7 and 12 programs over rows of 3 (forward) and 6 (backward) chunks (lag 2: 6 and 12),
     units claimed from the counter (a row's chunks then straddle the programs' steps) or whole rows
-    per group of programs; both rings (a chunk waits in its slot, or in registers)."""
+    per group of programs; every ring (a chunk waits in its slot, or in registers)."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", programs)
     monkeypatch.setattr(S, "CLAIM", claim)
     monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0))
-    configs = {1: ((8192, 4, 3, 1, 1, False), (4096, 4, 3, 1, 1, False)),
-               2: ((4096, 4, 3, 2, 2, False), (2048, 4, 3, 2, 2, False))}[lag]
+    lag = ring[2]
+    configs = ((8192 // lag, 4, *ring, False), (4096 // lag, 4, *ring, False))
     m, n = 50, 3 * 8192 - 5
     x = make_x(m, n, torch.float32, "cuda", scale=30.0)
     y, lse = torch.empty_like(x), torch.empty(m, device="cuda")

@@ -13,9 +13,10 @@ as PENDING_WORD, so a reader knows which have arrived without a counter, an atom
 fence, which would wait for the program's earlier stores). Where the Triton persistent kernel
 (``softmax_fwd.py``) re-reads the chunk from L2 once the row's partials are in, this one keeps it on
 chip: chunks arrive by ``cp.async`` (or one TMA bulk copy per chunk, where the config asks for it on
-sm_90+) into a ring of 3 shared-memory slots, and a chunk is written LAG steps after its own
-reduction, when the other programs' partials have long arrived: with lag 1 it waits in its slot (the
-next chunk loads one step ahead), with lag 2 in registers, its slot refilled at once (two ahead).
+sm_90+) into a ring of shared-memory slots, and a chunk is written LAG steps after its own
+reduction, when the other programs' partials have long arrived (``RINGS``): with lag 1 it waits in
+its slot of 3 (the next chunk loads one step ahead); with lag 2 in its slot of 4, or in registers,
+its slot of 3 refilled at once (two ahead).
 HBM traffic is the floor (one read of each input, one write); the wait itself is off the critical
 path unless a program falls LAG steps behind.
 
@@ -69,11 +70,17 @@ except ImportError:  # pragma: no cover - older triton
 #: loads against cp.async (session 12): 16-bit forward +0.5 to +4.6 points at 64K-4M; fp32 forward
 #: -0.4 to +0.6; backward -0.5 to -14.6. Backward rings of lag 2 (session 14, units claimed): fp32
 #: (4096, 4) +0.2 / +1.9 / +5.4 / +9.4 points at 64K / 256K / 512K / 1M against lag 1; bf16
-#: (8192, 4) -1.7 to -0.4 up to 512K, +1.9 at 1M, +5.4 at 2M. Forward rings of lag 2 measured 49-77%
-#: of copy against 88-96% (168-255 registers: three chunks live): not in the table.
+#: (8192, 4) -1.7 to -0.4 up to 512K, +1.9 at 1M, +5.4 at 2M. Forward rings of lag 2 in registers
+#: measured 49-77% of copy against 88-96% (168-255 registers: three chunks live); the forward's lag 2
+#: takes a fourth slot instead, by TMA: fp32 (4096, 8) 96.8 / 96.4 / 96.7 / 96.7 / 96.6% at 64K /
+#: 128K / 256K / 512K / 1M against 96.9 / 96.4 / 96.2 / 91.7 / 89.2 for lag 1 (its chunks of 4096 fit
+#: 1.6M-element rows on 396 programs: lag 1 beyond 1M); bf16 (8192, 4) 92.0 / 91.9% at 1M / 2M against
+#: 87.7 / 86.4, 92.2-92.4 against 92.2-92.8 at 128K-512K.
 STAGED_CONFIG = {
-    ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False))],
-    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True))],
+    ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (4096, 8, 4, 1, 2, True)),
+                 (1048577, (8192, 4, 3, 1, 1, False))],
+    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
+                 (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 1, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False))],
     ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (1048576, (8192, 4, 3, 2, 2, False))],
 }
@@ -110,8 +117,12 @@ TMA_LOADS = True
 CLAIM = True
 CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25, ("fwd", 2): 1.0, ("bwd", 2): 1.0}
 #: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
-#: statistic in its slot (lag 1), or in registers (lag 2: its slot is refilled at once, 2 ahead).
-RINGS = ((3, 1, 1), (3, 2, 2))
+#: statistic in its slot (lag 1; lag 2 with a fourth slot), or in registers (lag 2 with 3 slots:
+#: its slot is refilled at once, 2 ahead).
+RINGS = ((3, 1, 1), (3, 2, 2), (4, 1, 2))
+#: Rings the table takes only with TMA loads: the 4-slot ring by cp.async measured 87-89% of copy
+#: in the fp32 forward at 256K-1M, against 89-96% for lag 1 (session 14).
+TMA_ONLY_RINGS = ((4, 1, 2),)
 #: Most programs one row can have (the partial words of a row are read as one block of this size).
 MAX_PROGRAMS_PER_ROW = 512
 #: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
@@ -344,8 +355,10 @@ if gluon is not None:
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
-        gl.static_assert((STAGES == 3) & (((AHEAD == 1) & (LAG == 1)) | ((AHEAD == 2) & (LAG == 2))),
-                         "the ring is 3 slots, 1 ahead and lag 1, or 2 ahead and lag 2 (in registers)")
+        gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG == 1)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
+                         | ((STAGES == 4) & (AHEAD == 1) & (LAG == 2)),
+                         "the rings are 3 slots, 1 ahead, lag 1; 3 slots, 2 ahead, lag 2 (in registers); "
+                         "4 slots, 1 ahead, lag 2")
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -376,20 +389,22 @@ if gluon is not None:
             bars = ring_a  # unused
 
         offs = gl.arange(0, CHUNK, layout)
-        HOLD: gl.constexpr = LAG == 2
+        LAG2: gl.constexpr = LAG == 2
+        AHEAD2: gl.constexpr = AHEAD == 2
+        HOLD: gl.constexpr = LAG2 and (STAGES == 3)  # the waiting chunks are held in registers
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
         # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in
         # registers). A row >= M stands for none; once no unit is left, none is taken.
         lanes = gl.arange(0, 32 * gl.num_warps(), playout)  # one per thread
         if CLAIM:  # units in memory order from the counter; each claim is taken one step after it starts
             cur_row, cur_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
-            if HOLD:
+            if AHEAD2:
                 nxt_row, nxt_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
             claim = _claim_start(P, M, Q, lanes)
         else:
             cur_row = gl.program_id(0) // Q
             cur_q = gl.program_id(0) - cur_row * Q
-            if HOLD:
+            if AHEAD2:
                 nxt_row = cur_row + gl.num_programs(0) // Q
                 nxt_q = cur_q + 0  # a value of its own (see old_row)
         prev_row = M
@@ -399,18 +414,20 @@ if gluon is not None:
                    LOAD_EVICT, TMA_LOAD)
         if not TMA_LOAD:
             async_copy.commit_group()
-        # LAG 2: the unit written now (prev then waits in registers: held_a, held_b). Every carried
-        # variable starts as a value of its own: triton carries a variable through a loop only where
-        # one pass of the body changes its value, and old_row = prev_row would not change M.
+        # LAG 2: the unit written now (prev waits for its step, in its slot or, HOLD, in registers:
+        # held_a, held_b). Every carried variable starts as a value of its own: triton carries a
+        # variable through a loop only where one pass of the body changes its value, and
+        # old_row = prev_row would not change M.
         old_row = M + 0
         old_q = 0
-        if HOLD:
+        if AHEAD2:
             if nxt_row < M:
                 _issue(A, B, DA, DB, ring_a, ring_b, bars, 1, nxt_row, nxt_q, N, stride_a, stride_b, offs, BWD,
                        LOAD_EVICT, TMA_LOAD)
             if not TMA_LOAD:
                 async_copy.commit_group()
             nxt_done = False
+        if HOLD:
             held_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
             old_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
             if BWD:  # (forward, b is a: not carried twice)
@@ -425,7 +442,7 @@ if gluon is not None:
             if TMA_LOAD:
                 fence_async_shared()  # the threads' accesses to the slot come before the copy's writes
             # the unit AHEAD steps on: from the counter, or the same chunk of the row grid / Q further on
-            if HOLD:
+            if AHEAD2:
                 last_row = nxt_row
                 last_q = nxt_q
             else:
@@ -448,7 +465,7 @@ if gluon is not None:
                 async_copy.commit_group()  # one group per step, empty or not, so the counts below hold
 
             # the unit written now; its row's partial words start arriving, used after the reduction
-            if HOLD:
+            if LAG2:
                 w_row = old_row
                 w_q = old_q
             else:
@@ -481,7 +498,7 @@ if gluon is not None:
             # Q units in AHEAD + LAG + 1 of this program's steps; the wait's give-up would cover that.)
             new_done = False
             if CLAIM:
-                if HOLD:
+                if AHEAD2:
                     if (nxt_row == w_row) & (w_row < M) & (not nxt_done):
                         _wait_slot(bars, (t + 1) % STAGES, ((t + 1) // STAGES) & 1, 1, TMA_LOAD)
                         _reduce_unit(ring_a, ring_b, (t + 1) % STAGES, P, nxt_row, nxt_q, Q, N, offs, BWD, layout)
@@ -501,12 +518,12 @@ if gluon is not None:
                 if HOLD:
                     a = old_a.to(gl.float32)
                 else:
-                    a = _flat(ring_a.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
+                    a = _flat(ring_a.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
                 if BWD:
                     if HOLD:
                         b = old_b.to(gl.float32)
                     else:
-                        b = _flat(ring_b.index((t + STAGES - 1) % STAGES)).load(layout).to(gl.float32)
+                        b = _flat(ring_b.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
                     out = a * (b - m)
                 else:
                     shift = gl.where(m == float("-inf"), 0.0, m)
@@ -516,16 +533,18 @@ if gluon is not None:
                 optrs = OUT + w_row.to(gl.int64) * stride_o + start + offs
                 gl.store(optrs, out.to(OUT.dtype.element_ty), mask=offs < (N - start).to(gl.int32),
                          eviction_policy=STORE_EVICT)
-            if HOLD:
+            if LAG2:
                 old_row = prev_row
                 old_q = prev_q
+            if HOLD:
                 old_a = held_a
                 held_a = cur_a
                 if BWD:
                     old_b = held_b
                     held_b = cur_b
-                prev_row = cur_row
-                prev_q = cur_q
+            prev_row = cur_row
+            prev_q = cur_q
+            if AHEAD2:
                 cur_row = nxt_row
                 cur_q = nxt_q
                 cur_done = nxt_done
@@ -533,8 +552,6 @@ if gluon is not None:
                 nxt_q = new_q
                 nxt_done = new_done
             else:
-                prev_row = cur_row
-                prev_q = cur_q
                 cur_row = new_row
                 cur_q = new_q
                 cur_done = new_done
@@ -557,9 +574,22 @@ def available(*tensors: torch.Tensor) -> bool:
                for u in tensors)
 
 
-def staged_config(direction: str, elem: int, n: int) -> tuple:
-    """The table's config for rows of ``n`` elements of ``elem`` bytes (see ``STAGED_CONFIG``)."""
-    return [config for shortest, config in STAGED_CONFIG[(direction, elem)] if n >= shortest][-1]
+def staged_config(direction: str, elem: int, n: int, tma: bool = True) -> tuple:
+    """The table's config for rows of ``n`` elements of ``elem`` bytes (see ``STAGED_CONFIG``);
+    without ``tma`` (rows that cannot take TMA loads), entries of a ring in ``TMA_ONLY_RINGS`` are
+    passed over."""
+    return [config for shortest, config in STAGED_CONFIG[(direction, elem)]
+            if n >= shortest and (tma or config[2:5] not in TMA_ONLY_RINGS)][-1]
+
+
+def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """The table's config for (M, N) rows a, b (``staged_config``): a ring of ``TMA_ONLY_RINGS`` only
+    where these rows take TMA loads."""
+    elem, n = max(a.element_size(), b.element_size()), a.shape[1]
+    config = staged_config(direction, elem, n)
+    if config[2:5] in TMA_ONLY_RINGS and not (TMA_LOADS and tma_width(n, config[0], a, b)):
+        config = staged_config(direction, elem, n, tma=False)
+    return config
 
 
 def tma_width(n: int, chunk: int, *tensors: torch.Tensor) -> int:
@@ -601,16 +631,13 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     Backward (``"bwd"``): a = y, b = dy, out = dx (M, N) in dy.dtype; lse is not written.
     Inputs float32 / float16 / bfloat16 with unit column stride (see ``available``).
 
-    ``config``: (chunk, num_warps, stages, ahead, lag, loads by TMA), default
-    ``staged_config(direction, elem, N)``.
+    ``config``: (chunk, num_warps, stages, ahead, lag, loads by TMA), default ``launch_config``.
     """
     m, n = a.shape
-    elem = max(a.element_size(), b.element_size())
-    chunk, warps, stages, ahead, lag, tma_load = config or staged_config(direction, elem, n)
+    chunk, warps, stages, ahead, lag, tma_load = config or launch_config(direction, a, b)
     if (stages, ahead, lag) not in RINGS:
-        raise ValueError(f"staged softmax config {config}: the kernel's rings are 3 slots (STAGES) with AHEAD 1 "
-                         f"and LAG 1, or AHEAD 2 and LAG 2 (the lagging chunk in registers); others measured "
-                         f"slower in sessions 5-11 and are not built")
+        raise ValueError(f"staged softmax config {config}: the kernel's rings, (STAGES, AHEAD, LAG), are {RINGS} "
+                         f"(see RINGS); others measured slower in sessions 5-11 and are not built")
     bwd = direction == "bwd"
     q = triton.cdiv(n, chunk)
     if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
