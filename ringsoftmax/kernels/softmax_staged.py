@@ -393,8 +393,8 @@ if gluon is not None:
         AHEAD2: gl.constexpr = AHEAD == 2
         HOLD: gl.constexpr = LAG2 and (STAGES == 3)  # the waiting chunks are held in registers
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
-        # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in
-        # registers). A row >= M stands for none; once no unit is left, none is taken.
+        # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in its slot
+        # or, HOLD, in registers). A row >= M stands for none; once no unit is left, none is taken.
         lanes = gl.arange(0, 32 * gl.num_warps(), playout)  # one per thread
         if CLAIM:  # units in memory order from the counter; each claim is taken one step after it starts
             cur_row, cur_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
