@@ -200,10 +200,9 @@ if gluon is not None:
     @gluon.jit
     def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, offs, BWD: gl.constexpr, layout: gl.constexpr):
         """Reduce chunk ``q`` of ``row`` (landed in ring slot ``i``) to its partial and publish it as
-        its word; returns the chunk (``_load_unit``)."""
+        its word."""
         a, b = _load_unit(ring_a, ring_b, i, q, N, offs, BWD, layout)
         _publish(P, row, q, Q, a, b, BWD)
-        return a, b
 
     @gluon.jit
     def _wait_slot(bars, i, phase, outstanding: gl.constexpr, TMA: gl.constexpr):
