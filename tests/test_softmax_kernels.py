@@ -442,7 +442,7 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     assert S.staged_config("fwd", 4, 1 << 20)[2:5] in S.TMA_ONLY_RINGS
     rows = torch.randn(2, 1 << 20)  # CPU tensors take no TMA
     assert S.launch_config("fwd", rows, rows) == S.staged_config("fwd", 4, 1 << 20, tma=False)
-    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 1, 2), (4, 2, 2), (4, 1, 1)):
+    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 1, 2), (4, 2, 2), (4, 1, 1), (9, 1, 7), (6, 2, 3)):
         with pytest.raises(ValueError, match="STAGES, AHEAD, LAG"):
             S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, *ring, False))
 
@@ -495,6 +495,52 @@ def test_staged_grid_plan_cpu(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_staged_deep_rings_gpu(direction, dtype, poisoned):
+    """Rows just past the table's first deep ring (lag >= 3: several chunks of a row per program)
+    go through the library's softmax, right and with no wait given up."""
+    elem = torch.finfo(dtype).bits // 8
+    shortest = next(n for n, config in S.STAGED_CONFIG[(direction, elem)] if config[4] >= 3)
+    n = shortest - 1 + 4096 + 64
+    x = make_x(3, n, dtype, "cuda", scale=30.0)
+    if direction == "fwd":
+        assert S.launch_config("fwd", x, x)[4] >= 3
+        y, lse = F.softmax_fwd(x)
+        check_fwd(x, y, lse, TOL[dtype])
+    else:
+        y, dy = softmax_pair(3, n, dtype, "cuda")
+        assert S.launch_config("bwd", y, dy)[4] >= 3
+        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+def test_staged_four_programs_that_fill_shared_memory_gpu(poisoned):
+    """Seven 8 KB slots per program: 57 KB of shared memory, four blocks per multiprocessor only
+    without the 1 KB CUDA reserves per block, so three are resident; the grid follows (no wait gives
+    up: a grid counted at four would wait on programs that never start)."""
+    x = make_x(2, 1 << 21, torch.float32, "cuda", scale=30.0)   # 1024 chunks: more than the programs
+    y, lse = torch.empty_like(x), torch.empty(2, device="cuda")
+    assert S.launch("fwd", x, x, y, lse, (2048, 4, 7, 1, 5, True))
+    check_fwd(x, y, lse, TOL[torch.float32])
+    assert F.sync_failures("cuda") == 0
+
+
+def test_occupancy_counts_reserved_shared_memory_cpu():
+    """Blocks per multiprocessor by registers, by shared memory with CUDA's reserved kilobyte per
+    block, and the warp / block limits (H100/H200: 64K registers, 228 KB of shared memory)."""
+    regs, smem = 65536, 233472
+    assert F.occupancy(64, 57344 + 600, 4, regs, smem) == 3    # 4 x (57944 + 1024) > 233472
+    assert F.occupancy(64, 65632, 8, regs, smem) == 3
+    assert F.occupancy(62, 114808, 8, regs, smem) == 2
+    assert F.occupancy(255, 0, 4, regs, smem) == 2             # registers: 256 x 32 per warp
+    assert F.occupancy(16, 0, 1, regs, smem) == 32             # the block limit
+    assert F.occupancy(16, 0, 4, regs, smem) == 16             # the 64-warp limit
+    assert F.occupancy(255, 300000, 32, regs, smem) == 1       # at least one
+
+
+@pytest.mark.gpu
 def test_staged_tma_only_ring_gpu(poisoned):
     """float32 forward rows of 2^20 take the 4-slot ring by TMA on Hopper; rows that cannot take TMA
     (N % 4 != 0) take the lag-1 entry before it; both right."""
@@ -513,25 +559,33 @@ def test_staged_tma_only_ring_gpu(poisoned):
 @pytest.mark.parametrize("claim", [False, True])
 @pytest.mark.parametrize("programs", [7, 12])
 def test_staged_small_grids_gpu(programs, claim, ring, poisoned, monkeypatch):
-    """Grids of 7 and 12 programs over rows of 3 (forward) and 6 (backward) chunks (lag 2: 6 and 12),
-    units claimed from the counter (a row's chunks then straddle the programs' steps) or whole rows
-    per group of programs; every ring (a chunk waits in its slot, or in registers)."""
+    """Grids of 7 and 12 programs over rows of 3 (forward) and 6 (backward) chunks (lag 2: 6 and 12;
+    the deep rings, lag >= 3: 12 and 24, so that a program holds several chunks of one row), units
+    claimed from the counter (a row's chunks then straddle the programs' steps) or whole rows per
+    group of programs; every ring (a chunk waits in its slot, or in registers). A row launches where
+    its chunks are at most ``capacity`` (claims) or the grid (whole rows)."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", programs)
     monkeypatch.setattr(S, "CLAIM", claim)
-    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0))
+    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {key: max(key[1] - 1.0, 1.0) for key in S.CLAIM_MAX_ROW_SHARE})
     lag = ring[2]
-    configs = ((8192 // lag, 4, *ring, False), (4096 // lag, 4, *ring, False))
+    split = lag if lag <= 2 else 4   # deep rings: chunks of 2048 and 1024
+    configs = ((8192 // split, 4, *ring, False), (4096 // split, 4, *ring, False))
     m, n = 50, 3 * 8192 - 5
     x = make_x(m, n, torch.float32, "cuda", scale=30.0)
     y, lse = torch.empty_like(x), torch.empty(m, device="cuda")
+
+    def fits(chunk):
+        q = -(-n // chunk)
+        return q <= S.capacity(lag, programs) and (claim or q <= programs)
+
     launched = S.launch("fwd", x, x, y, lse, configs[0])
-    assert launched == (-(-n // configs[0][0]) <= programs)
+    assert launched == fits(configs[0][0])
     if launched:
         check_fwd(x, y, lse, TOL[torch.float32])
     dy = torch.randn_like(y)
     dx = torch.empty_like(dy)
     launched = S.launch("bwd", y, dy, dx, dx, configs[1])
-    assert launched == (-(-n // configs[1][0]) <= programs)
+    assert launched == fits(configs[1][0])
     if launched:
         check_bwd(y, dy, dx, TOL[torch.float32])
     assert F.sync_failures("cuda") == 0

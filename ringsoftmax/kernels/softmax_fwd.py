@@ -464,14 +464,29 @@ def resident_programs(kernel, args, constexprs: dict, num_warps: int, key) -> in
         if hasattr(compiled, "_init_handles"):
             compiled._init_handles()
         props = triton.runtime.driver.active.utils.get_device_properties(device.index)
-        regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256
-        occ = props["max_num_regs"] // max(1, regs_per_warp * num_warps)
-        shared = compiled.metadata.shared
-        if shared:
-            occ = min(occ, props["max_shared_mem"] // shared)
-        occ = max(1, min(occ, 64 // num_warps, 32))
+        per_sm = (getattr(torch.cuda.get_device_properties(device), "shared_memory_per_multiprocessor", 0)
+                  or props["max_shared_mem"] + RESERVED_SHARED_PER_BLOCK)
+        occ = occupancy(compiled.n_regs, compiled.metadata.shared, num_warps, props["max_num_regs"], per_sm)
         _OCCUPANCY[key] = props["multiprocessor_count"] * occ
     return _OCCUPANCY[key]
+
+
+#: Shared memory CUDA keeps for itself in every block on top of the kernel's own
+#: (cudaDevAttrReservedSharedMemoryPerBlock: 1 KB on sm_80 to sm_90).
+RESERVED_SHARED_PER_BLOCK = 1024
+
+
+def occupancy(n_regs: int, shared: int, num_warps: int, regs_per_sm: int, shared_per_sm: int) -> int:
+    """Blocks of a kernel one multiprocessor holds at once: by registers (``n_regs`` per thread,
+    allocated per warp in units of 256), by shared memory (``shared`` bytes per block plus the
+    reserved ``RESERVED_SHARED_PER_BLOCK``), and the 64-warp / 32-block limits; at least 1.
+
+    (Without the reserved kilobyte, four blocks of 57.4 KB counted as fitting 228 KB; three ran,
+    and the persistent kernels' waits for the fourth gave up: H200, session 15.)"""
+    regs_per_warp = -(-n_regs * 32 // 256) * 256
+    occ = regs_per_sm // max(1, regs_per_warp * num_warps)
+    occ = min(occ, shared_per_sm // (shared + RESERVED_SHARED_PER_BLOCK))
+    return max(1, min(occ, 64 // num_warps, 32))
 
 
 def spec_key(*tensors) -> tuple:

@@ -16,7 +16,9 @@ chip: chunks arrive by ``cp.async`` (or one TMA bulk copy per chunk, where the c
 sm_90+) into a ring of shared-memory slots, and a chunk is written LAG steps after its own
 reduction, when the other programs' partials have long arrived (``RINGS``): with lag 1 it waits in
 its slot of 3 (the next chunk loads one step ahead); with lag 2 in its slot of 4, or in registers,
-its slot of 3 refilled at once (two ahead).
+its slot of 3 refilled at once (two ahead); with lag L in its slot of L + 2 (the deep rings, L >= 3,
+for rows of up to L - 1 chunks per program: a program keeps its units behind in small vectors and
+the last row statistic it merged, which its next units often share).
 HBM traffic is the floor (one read of each input, one write); the wait itself is off the critical
 path unless a program falls LAG steps behind.
 
@@ -28,7 +30,7 @@ one stretch of memory, as a hardware-scheduled grid does, where fixed units let 
 (a persistent copy ran at 90% of torch's copy with fixed chunks and 98% with claimed ones, H200).
 Longer rows take fixed units: G = grid / Q whole rows in flight, program (slot, q) on chunk q of rows
 slot, slot + G, ... (claims there spread a row over more steps than a lag of 1 covers; with lag 2
-units are always claimed). A program never
+or more units are always claimed). A program never
 waits for a row it holds an unreduced unit of (it reduces that unit first). A wait that gives up
 after ``spin_max`` polls counts itself in ``ERR`` and recomputes the row's statistic from global
 memory, so the result stays right.
@@ -75,14 +77,21 @@ except ImportError:  # pragma: no cover - older triton
 #: takes a fourth slot instead, by TMA: fp32 (4096, 8) 96.8 / 96.4 / 96.7 / 96.7 / 96.6% at 64K /
 #: 128K / 256K / 512K / 1M against 96.9 / 96.4 / 96.2 / 91.7 / 89.2 for lag 1 (its chunks of 4096 fit
 #: 1.6M-element rows on 396 programs: lag 1 beyond 1M); bf16 (8192, 4) 92.0 / 91.9% at 1M / 2M against
-#: 87.7 / 86.4, 92.2-92.4 against 92.2-92.8 at 128K-512K.
+#: 87.7 / 86.4, 92.2-92.4 against 92.2-92.8 at 128K-512K. Deep rings (lag 5 in 7 slots of 16 KB, two
+#: programs per multiprocessor, units claimed; session 15) for rows the others cannot keep on chip,
+#: against the two-pass path: fp32 forward 4M 87.7% against 66.1, bf16 forward 8M 81.2 against 61.0;
+#: fp32 backward 2M (chunks of 2048) 85.1 against 62.9, bf16 backward 4M (TMA) 89.1 against 61.8.
+#: Where the rings of lag <= 2 hold the rows they stay ahead: deep rings measured 75-77% at fp32 1M
+#: forward (96% lag 2), 79% at bf16 4M forward (83.5% lag 1), 92% at bf16 2M backward (96%).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (4096, 8, 4, 1, 2, True)),
-                 (1048577, (8192, 4, 3, 1, 1, False))],
+                 (1048577, (8192, 4, 3, 1, 1, False)), (2097153, (4096, 8, 7, 1, 5, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
-                 (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 1, True))],
-    ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False))],
-    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (1048576, (8192, 4, 3, 2, 2, False))],
+                 (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 1, True)),
+                 (4194305, (8192, 4, 7, 1, 5, True))],
+    ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False))],
+    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (1048576, (8192, 4, 3, 2, 2, False)),
+                 (2097153, (4096, 4, 7, 1, 5, True))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -115,16 +124,21 @@ TMA_LOADS = True
 #: claims beat fixed units by 1.8-3.5 points at 64K-1M fp32 (up to 256 chunks per row on 264
 #: programs) and by -0.2 to +1.1 at 64K-2M bf16.
 CLAIM = True
-CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25, ("fwd", 2): 1.0, ("bwd", 2): 1.0}
+CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25,
+                       **{(direction, lag): lag - 1.0 for direction in ("fwd", "bwd") for lag in range(2, 7)}}
 #: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
-#: statistic in its slot (lag 1; lag 2 with a fourth slot), or in registers (lag 2 with 3 slots:
-#: its slot is refilled at once, 2 ahead).
-RINGS = ((3, 1, 1), (3, 2, 2), (4, 1, 2))
+#: statistic in its slot (lag 1; lag L >= 2 in a ring of L + 2 slots), or in registers (lag 2 with
+#: 3 slots: its slot is refilled at once, 2 ahead). With a lag of L, one row's chunks may outnumber
+#: the resident programs L - 1 times (``CLAIM_MAX_ROW_SHARE``, ``capacity``): the deep rings
+#: (L >= 3) keep rows on chip that the GPU's programs hold only a few chunks each of.
+RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + 2, 1, lag) for lag in range(2, 7))
 #: Rings the table takes only with TMA loads: the 4-slot ring by cp.async measured 87-89% of copy
 #: in the fp32 forward at 256K-1M, against 89-96% for lag 1 (session 14).
 TMA_ONLY_RINGS = ((4, 1, 2),)
-#: Most programs one row can have (the partial words of a row are read as one block of this size).
-MAX_PROGRAMS_PER_ROW = 512
+#: Most chunks one row can have (the partial words of a row are read as one block of at least
+#: WORDS_BLOCK, a power of two).
+MAX_PROGRAMS_PER_ROW = 2048
+WORDS_BLOCK = 512
 #: A partial word not written yet: low half the bits of -1.0, which no partial's low half can be
 #: (forward: a sum of exponentials, >= 0 or NaN; backward: the flag 1.0).
 PENDING_WORD = 0xBF800000
@@ -135,6 +149,7 @@ if gluon is not None:
     PENDING = gl.constexpr(PENDING_WORD)
     IDENTITY_FWD = gl.constexpr(-(1 << 55))  # the word of (max, sum) = (-inf, 0): bits 0xFF800000 << 32
     LOG2E = gl.constexpr(1.4426950408889634)
+    FIFO = gl.constexpr(8)  # the longest lag of a deep ring (its units behind are kept in vectors of 8)
 
     @gluon.jit
     def _issue(A, B, DA, DB, ring_a, ring_b, bars, i, row, q, N, stride_a, stride_b, offs,
@@ -203,6 +218,24 @@ if gluon is not None:
         its word."""
         a, b = _load_unit(ring_a, ring_b, i, q, N, offs, BWD, layout)
         _publish(P, row, q, Q, a, b, BWD)
+
+    @gluon.jit
+    def _pending(DEEP: gl.constexpr, fifo_row, old_row, prev_row, cur_row, M):
+        """Whether a program has a unit left to reduce or write (rows >= M stand for none)."""
+        if DEEP:
+            return (gl.min(fifo_row, axis=0) < M) | (cur_row < M)
+        else:
+            return (old_row < M) | (prev_row < M) | (cur_row < M)
+
+    @gluon.jit
+    def _fifo_get(fifo, idx, i):
+        """Entry ``i`` of a small int32 vector held whole by every thread (entries >= 0)."""
+        return gl.max(gl.where(idx == i, fifo, -1), axis=0)
+
+    @gluon.jit
+    def _fifo_put(fifo, idx, i, value):
+        """The vector with entry ``i`` set to ``value`` (each thread changes its own copy)."""
+        return gl.where(idx == i, value, fifo)
 
     @gluon.jit
     def _wait_slot(bars, i, phase, outstanding: gl.constexpr, TMA: gl.constexpr):
@@ -348,16 +381,16 @@ if gluon is not None:
 
         A (M, N) is x forward / y backward, B is dy backward (A again forward); OUT (M, N) contiguous;
         LSE (M,) float32 (forward only); P (M * Q + 1) int64: the partial words, all PENDING_WORD,
-        and the claim counter (also PENDING_WORD); Q <= PBLK and Q <= the grid (without CLAIM, the grid
-        is a multiple of Q). The ring is STAGES = 3 slots, AHEAD = 1, LAG = 1.
+        and the claim counter (also PENDING_WORD); Q <= PBLK and Q <= max(LAG - 1, 1) x the grid (without
+        CLAIM, Q <= the grid, a multiple of Q). The ring is one of ``RINGS``.
         FOLD: the forward's division folded into its exponent (16-bit outputs, see ``_exp_over``).
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
         gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG == 1)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
-                         | ((STAGES == 4) & (AHEAD == 1) & (LAG == 2)),
+                         | ((STAGES == LAG + 2) & (AHEAD == 1) & (LAG >= 2) & (LAG <= FIFO)),
                          "the rings are 3 slots, 1 ahead, lag 1; 3 slots, 2 ahead, lag 2 (in registers); "
-                         "4 slots, 1 ahead, lag 2")
+                         "LAG + 2 slots, 1 ahead, lag 2..8")
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -391,6 +424,7 @@ if gluon is not None:
         LAG2: gl.constexpr = LAG == 2
         AHEAD2: gl.constexpr = AHEAD == 2
         HOLD: gl.constexpr = LAG2 and (STAGES == 3)  # the waiting chunks are held in registers
+        DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
         # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in its slot
         # or, HOLD, in registers). A row >= M stands for none; once no unit is left, none is taken.
@@ -432,9 +466,21 @@ if gluon is not None:
             if BWD:  # (forward, b is a: not carried twice)
                 held_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
                 old_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
+        if DEEP:
+            # entry t % LAG: the unit reduced at step t - LAG, written at step t; and the last row
+            # statistic merged (consecutive written units often share a row: its words are read once)
+            flayout: gl.constexpr = gl.BlockedLayout([FIFO], [32], [gl.num_warps()], [0])
+            fidx = gl.arange(0, FIFO, flayout)
+            fifo_row = gl.zeros([FIFO], gl.int32, flayout) + M
+            fifo_q = gl.zeros([FIFO], gl.int32, flayout)
+            st_row = M * 0 - 1
+            st_m = gl.to_tensor(0.0)
+            st_s = gl.to_tensor(1.0)
+        else:
+            fifo_row = M  # (unused)
         cur_done = False   # cur was reduced early (see below)
         t = 0
-        while (old_row < M) or (prev_row < M) or (cur_row < M):
+        while _pending(DEEP, fifo_row, old_row, prev_row, cur_row, M):
             # every thread is done with the slot refilled below (its unit was written, or LAG 2 loaded
             # into registers, last step)
             _cta_barrier()
@@ -464,14 +510,20 @@ if gluon is not None:
                 async_copy.commit_group()  # one group per step, empty or not, so the counts below hold
 
             # the unit written now; its row's partial words start arriving, used after the reduction
-            if LAG2:
+            if DEEP:
+                w_row = _fifo_get(fifo_row, fidx, t % LAG)
+                w_q = _fifo_get(fifo_q, fidx, t % LAG)
+                fresh = w_row != st_row  # the row's statistic is not the one kept
+            elif LAG2:
                 w_row = old_row
                 w_q = old_q
+                fresh = True
             else:
                 w_row = prev_row
                 w_q = prev_q
+                fresh = True
             words = gl.zeros([PBLK], gl.int64, playout)
-            if w_row < M:
+            if (w_row < M) & fresh:
                 words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
 
             # reduce cur as soon as it is in and publish its partial (no wait, no fence); LAG 2 keeps it
@@ -510,10 +562,22 @@ if gluon is not None:
             # write the unit LAG steps back (from registers, or its slot), with the row statistic
             # merged from every program's partial
             if w_row < M:
-                done, m, s = _row_stat(P + w_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
-                                       playout)
-                if not done:
-                    m, s = _row_from_global(A, B, w_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+                if DEEP:
+                    m = st_m
+                    s = st_s
+                    if fresh:
+                        done, m, s = _row_stat(P + w_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
+                                               playout)
+                        if not done:
+                            m, s = _row_from_global(A, B, w_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+                    st_row = w_row
+                    st_m = m
+                    st_s = s
+                else:
+                    done, m, s = _row_stat(P + w_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
+                                           playout)
+                    if not done:
+                        m, s = _row_from_global(A, B, w_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
                 if HOLD:
                     a = old_a.to(gl.float32)
                 else:
@@ -532,7 +596,10 @@ if gluon is not None:
                 optrs = OUT + w_row.to(gl.int64) * stride_o + start + offs
                 gl.store(optrs, out.to(OUT.dtype.element_ty), mask=offs < (N - start).to(gl.int32),
                          eviction_policy=STORE_EVICT)
-            if LAG2:
+            if DEEP:
+                fifo_row = _fifo_put(fifo_row, fidx, t % LAG, cur_row)
+                fifo_q = _fifo_put(fifo_q, fidx, t % LAG, cur_q)
+            elif LAG2:
                 old_row = prev_row
                 old_q = prev_q
             if HOLD:
@@ -643,7 +710,8 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
         return False
     err = F.error_counter(a.device)
     width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
-    consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag, PBLK=MAX_PROGRAMS_PER_ROW,
+    consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
+                  PBLK=max(WORDS_BLOCK, triton.next_power_of_2(q)),
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width)
@@ -657,7 +725,7 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
         return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps,
                                    ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
 
-    if q > resident(True):
+    if q > capacity(lag, resident(True)):
         return False
     grid, claim = grid_plan(direction, m, q, resident(True), lag=lag)
     if not claim:  # the fixed-unit build sizes its own grid (its occupancy may differ)
@@ -670,9 +738,17 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     return True
 
 
+def capacity(lag: int, programs: int) -> int:
+    """The most chunks one row may have in a ring of ``lag`` over ``programs`` resident programs:
+    a chunk is written ``lag`` steps after its reduction, and its row's other chunks are claimed within
+    about lag - 1 steps of the grid (lag 1: the fixed units of whole rows, one chunk per program)."""
+    return max(lag - 1, 1) * programs
+
+
 def grid_plan(direction: str, m: int, q: int, programs: int, claim: bool | None = None,
               lag: int = 1) -> tuple[int, bool]:
-    """(grid, claim) of a launch over ``m`` rows of ``q`` chunks when ``programs`` (>= q) fit the GPU
+    """(grid, claim) of a launch over ``m`` rows of ``q`` chunks when ``programs`` fit the GPU (q at most
+    ``capacity(lag, programs)``)
     at once: every program, the units claimed from the counter, where a row's chunks are at most
     ``CLAIM_MAX_ROW_SHARE[direction, lag]`` of them (and ``claim``, default ``CLAIM``); else the most
     whole rows' worth of programs (0 if one row's chunks outnumber them)."""
