@@ -481,7 +481,7 @@ def occupancy(n_regs: int, shared: int, num_warps: int, regs_per_sm: int, shared
     allocated per warp in units of 256), by shared memory (``shared`` bytes per block plus the
     reserved ``RESERVED_SHARED_PER_BLOCK``), and the 64-warp / 32-block limits; at least 1.
 
-    (Without the reserved kilobyte, four blocks of 57.4 KB counted as fitting 228 KB; three ran,
+    (Without the reserved kilobyte, four blocks of 57.9 KB counted as fitting 228 KB; three ran,
     and the persistent kernels' waits for the fourth gave up: H200, session 15.)"""
     regs_per_warp = -(-n_regs * 32 // 256) * 256
     occ = regs_per_sm // max(1, regs_per_warp * num_warps)

@@ -747,11 +747,10 @@ def capacity(lag: int, programs: int) -> int:
 
 def grid_plan(direction: str, m: int, q: int, programs: int, claim: bool | None = None,
               lag: int = 1) -> tuple[int, bool]:
-    """(grid, claim) of a launch over ``m`` rows of ``q`` chunks when ``programs`` fit the GPU (q at most
-    ``capacity(lag, programs)``)
-    at once: every program, the units claimed from the counter, where a row's chunks are at most
-    ``CLAIM_MAX_ROW_SHARE[direction, lag]`` of them (and ``claim``, default ``CLAIM``); else the most
-    whole rows' worth of programs (0 if one row's chunks outnumber them)."""
+    """(grid, claim) of a launch over ``m`` rows of ``q`` chunks (at most ``capacity(lag, programs)``)
+    when ``programs`` fit the GPU at once: every program, the units claimed from the counter, where a
+    row's chunks are at most ``CLAIM_MAX_ROW_SHARE[direction, lag]`` of them (and ``claim``, default
+    ``CLAIM``); else the most whole rows' worth of programs (0 if one row's chunks outnumber them)."""
     if (CLAIM if claim is None else claim) and q <= CLAIM_MAX_ROW_SHARE[direction, lag] * programs:
         return min(programs, m * q), True
     return min(programs // q, m) * q, False
