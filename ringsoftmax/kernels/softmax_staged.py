@@ -370,6 +370,16 @@ if gluon is not None:
             m, s = _merge_pair(m, s, cm, cs, BWD)
         return m, s
 
+    @gluon.jit
+    def _merged_row(A, B, P, ERR, words, row, N, stride_a, stride_b, Q, spin_max, BWD: gl.constexpr,
+                    CHUNK: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr, playout: gl.constexpr):
+        """(stat, sum) of ``row`` from its partial words (``words``: a first read of them), or, where
+        the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``)."""
+        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
+        if not done:
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+        return m, s
+
     @gluon.jit(do_not_specialize=["M", "Q", "spin_max"])
     def _staged_kernel(A, B, OUT, DA, DB, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
                        BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
@@ -566,18 +576,14 @@ if gluon is not None:
                     m = st_m
                     s = st_s
                     if fresh:
-                        done, m, s = _row_stat(P + w_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
-                                               playout)
-                        if not done:
-                            m, s = _row_from_global(A, B, w_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+                        m, s = _merged_row(A, B, P, ERR, words, w_row, N, stride_a, stride_b, Q, spin_max, BWD,
+                                           CHUNK, PBLK, layout, playout)
                     st_row = w_row
                     st_m = m
                     st_s = s
                 else:
-                    done, m, s = _row_stat(P + w_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
-                                           playout)
-                    if not done:
-                        m, s = _row_from_global(A, B, w_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+                    m, s = _merged_row(A, B, P, ERR, words, w_row, N, stride_a, stride_b, Q, spin_max, BWD, CHUNK,
+                                       PBLK, layout, playout)
                 if HOLD:
                     a = old_a.to(gl.float32)
                 else:
