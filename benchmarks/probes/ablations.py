@@ -51,24 +51,24 @@ def attention(out: pathlib.Path) -> None:
 
 def staged(out: pathlib.Path) -> None:
     src = (KERNELS / "softmax_staged.py").read_text()
-    nobar = edit(src, '''            # every thread is done with the slot refilled below (its unit was written last step)
+    nobar = edit(src, '''            # every thread is done with the slot refilled below (its unit was written, or LAG 2 loaded
+            # into registers, last step)
             _cta_barrier()
 ''', "")
-    nobar = edit(nobar, '''                    async_copy.wait_group(1)
-                    _cta_barrier()
-''', '''                    async_copy.wait_group(1)
+    nobar = edit(nobar, '''            async_copy.wait_group(outstanding)
+            _cta_barrier()
+''', '''            async_copy.wait_group(outstanding)
 ''')
     (out / "sm_nobar.py").write_text(nobar)
-    nomerge = edit(nobar, '''                done, m, s = _row_stat(P + prev_row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK,
-                                       playout)
-                if not done:
-                    m, s = _row_from_global(A, B, prev_row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)''', '''                m = gl.to_tensor(0.0)
-                s = gl.to_tensor(1.0)''')
-    nomerge = edit(nomerge, '''            if prev_row < M:
-                words = _row_words(P + prev_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+    nomerge = edit(nobar, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
+        if not done:
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+        return m, s''', '''        return gl.to_tensor(0.0), gl.to_tensor(1.0)''')
+    nomerge = edit(nomerge, '''            if (w_row < M) & fresh:
+                words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
 ''', "")
     (out / "sm_nomerge.py").write_text(nomerge)
-    stream = edit(nomerge, '''        cm, cs = _chunk_stat(a, b, BWD)
+    stream = edit(nomerge, '''        cm, cs = _chunk_stat(a.to(gl.float32), b.to(gl.float32), BWD)
         gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))''',
                   '''        gl.store(P + row.to(gl.int64) * Q + q, _pack(gl.min(a, axis=0) * 0.0, gl.to_tensor(1.0)),
                  mask=a.shape[0] < 0)''')
