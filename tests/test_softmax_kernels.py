@@ -15,6 +15,7 @@ import torch
 from helpers import rel_err, softmax64
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
+from ringsoftmax.kernels import softmax_held as H
 from ringsoftmax.kernels import softmax_staged as S
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -527,6 +528,21 @@ def test_staged_four_programs_that_fill_shared_memory_gpu(poisoned):
     assert F.sync_failures("cuda") == 0
 
 
+def test_held_width_cpu(monkeypatch):
+    """Where the held path cuts rows: its fill of the staged kernel's capacity in whole chunks, none
+    where whole rows fit or the held share is under the direction's minimum."""
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 100)
+    monkeypatch.setattr(H, "HELD_FILL", {"fwd": 0.9, "bwd": 1.0})
+    monkeypatch.setattr(H, "HELD_MIN_SHARE", {"fwd": 0.2, "bwd": 0.1})
+    config = (4096, 8, 7, 1, 5, False)             # capacity: 4 x 100 chunks of 4096
+    for direction, n, want in (("fwd", 2**21, 360 * 4096), ("bwd", 2**21, 400 * 4096),
+                               ("fwd", 360 * 4096, 0),        # whole rows fit
+                               ("fwd", 360 * 4096 * 5, 360 * 4096), ("fwd", 360 * 4096 * 5 + 1, 0),
+                               ("bwd", 400 * 4096 * 10, 400 * 4096), ("bwd", 400 * 4096 * 10 + 1, 0)):
+        x = torch.empty(2, n)
+        assert H.held_width(direction, x, x, x, config) == want, (direction, n)
+
+
 def test_occupancy_counts_reserved_shared_memory_cpu():
     """Blocks per multiprocessor by registers, by shared memory with CUDA's reserved kilobyte per
     block, and the warp / block limits (H100/H200: 64K registers, 228 KB of shared memory)."""
@@ -671,3 +687,70 @@ def test_persistent_wait_that_gives_up_still_computes_right_cpu(programs_per_row
     dy = torch.randn(5, 300)
     check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
     assert F.sync_failures("cpu") > before          # the fallback did run
+
+
+def _held_case(direction, m, n, dtype):
+    """Inputs for the held path: (a, b, out, lse) with row 1 all -inf (backward: y = 0), and,
+    once ``held`` is known, rows whose held or streamed columns alone are empty (``_empty_parts``)."""
+    if direction == "fwd":
+        x = make_x(m, n, dtype, "cuda", scale=30.0)
+        return x, x, torch.empty_like(x), torch.empty(m, device="cuda")
+    y, dy = softmax_pair(m, n, dtype, "cuda")
+    return y, dy, torch.empty_like(dy), None
+
+
+def _empty_parts(a, held, direction):
+    """Row 2: its held columns empty (-inf forward, y = 0 backward); row 3: its streamed columns."""
+    empty = float("-inf") if direction == "fwd" else 0.0
+    a[2, :held] = empty
+    a[3, held:] = empty
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction, dtype, n", [
+    ("fwd", torch.float32, 300007),        # lag-1 ring by cp.async (no TMA: N % 4 != 0)
+    ("fwd", torch.float32, 2**19 + 4096),  # the 4-slot ring (TMA)
+    ("fwd", torch.float32, 2**21 + 12288),  # a deep ring (lag 5)
+    ("fwd", torch.bfloat16, 2**20 + 8192),
+    ("bwd", torch.float32, 300007),        # lag 2 in registers
+    ("bwd", torch.float32, 2**20 + 4099),  # a deep ring
+    ("bwd", torch.bfloat16, 2**18 + 64),
+])
+def test_held_split_gpu(direction, dtype, n, poisoned, monkeypatch):
+    """Rows longer than the staged kernel holds (a grid counted as 12 programs holds few chunks): the
+    leading columns staged with the streamed columns' statistic merged in, the rest two-pass; rows
+    whose held or streamed part alone is empty, an all-empty row; through the library too."""
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
+    monkeypatch.setattr(H, "HELD_MIN_SHARE", {"fwd": 0.0, "bwd": 0.0})
+    a, b, out, lse = _held_case(direction, 6, n, dtype)
+    config = S.launch_config(direction, a, b)
+    assert S.held_columns(direction, a, b, out, config) == S.capacity(config[4], 12) * config[0] < n
+    held = H.held_width(direction, a, b, out, config)
+    assert held == int(H.HELD_FILL[direction] * S.capacity(config[4], 12)) * config[0]
+    _empty_parts(a, held, direction)
+    assert H.held_split(direction, a, b, out, lse)
+    if direction == "fwd":
+        check_fwd(a, out, lse, TOL[dtype])
+        check_fwd(a, *F.softmax_fwd(a), TOL[dtype])
+    else:
+        check_bwd(a, b, out, TOL[dtype])
+        check_bwd(a, b, B.softmax_bwd(a, b), TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction, dtype, n", [("fwd", torch.float32, 5 * 2**20), ("fwd", torch.bfloat16, 9 * 2**20 + 16),
+                                                  ("bwd", torch.float32, 3 * 2**20 + 5)])
+def test_held_split_past_capacity_gpu(direction, dtype, n, poisoned):
+    """Rows just past what the GPU's shared memory holds take the held path in the library."""
+    a, b, out, lse = _held_case(direction, 4, n, dtype)
+    held = H.held_width(direction, a, b, out, S.launch_config(direction, a, b))
+    assert S.STAGED_MIN_N[direction, a.element_size()] < held < n
+    assert not S.launch(direction, a, b, out, lse if lse is not None else out)
+    _empty_parts(a, held, direction)
+    assert H.held_split(direction, a, b, out, lse)
+    if direction == "fwd":
+        check_fwd(a, out, lse, TOL[dtype])
+    else:
+        check_bwd(a, b, out, TOL[dtype])
+    assert F.sync_failures("cuda") == 0

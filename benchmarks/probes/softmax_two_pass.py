@@ -1,9 +1,11 @@
-"""Probe: the two-pass split rows (rows too long to keep on chip) with the second pass over the inputs
-in the first pass's order or reversed (``softmax_fwd.STREAM_SECOND_PASS_REVERSED``), and with the
-forward's exponentials plain or flushed to zero (``STREAM_EXP_FTZ``), beside torch.compile's
+"""Probe: split rows too long to keep on chip: the library (leading columns held by the staged
+kernel, the rest two-pass: ``softmax_held``) against the two-pass path alone, the two-pass second
+pass over the inputs in the first pass's order or reversed (``softmax_fwd.STREAM_SECOND_PASS_REVERSED``),
+the forward's exponentials plain or flushed to zero (``STREAM_EXP_FTZ``), beside torch.compile's
 softmax, all timed in turn for ``--rounds`` rounds (medians).
 
 Run on a GPU:  python3 benchmarks/probes/softmax_two_pass.py [--sizes 4194304,16777216] [--rounds 5]
+               [--variants library,two-pass,same order,plain exp]
 
 M = 2^28 / N rows. Prints GB/s (forward 2 * bytes(x) / t, backward 3 * bytes(x) / t), % of a
 device-to-device copy, ratios to torch.compile and each variant's largest error against float64 on
@@ -19,20 +21,24 @@ import torch
 from softmax_staged import DTYPES, bench, copy_gbs  # same folder: the staged probe's helpers
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
+from ringsoftmax.kernels import softmax_held as H
 
-
-KNOBS = ("STREAM_SECOND_PASS_REVERSED", "STREAM_EXP_FTZ", "STREAM_TILE", "STREAM_ELEMS_PER_THREAD")
-LIBRARY = {k: getattr(F, k) for k in KNOBS}
+#: knob -> the module that holds it
+KNOBS = {"STREAM_SECOND_PASS_REVERSED": F, "STREAM_EXP_FTZ": F, "STREAM_TILE": F, "STREAM_ELEMS_PER_THREAD": F,
+         "HELD_MIN_SHARE": H, "HELD_FILL": H}
+NO_HELD = {"fwd": 2.0, "bwd": 2.0}
+LIBRARY = {k: getattr(mod, k) for k, mod in KNOBS.items()}
 #: name -> the knobs it changes from the library's defaults
-VARIANTS = {"library": {}, "same order": {"STREAM_SECOND_PASS_REVERSED": False},
-            "plain exp": {"STREAM_EXP_FTZ": False}}
+VARIANTS = {"library": {}, "two-pass": {"HELD_MIN_SHARE": NO_HELD},
+            "same order": {"STREAM_SECOND_PASS_REVERSED": False, "HELD_MIN_SHARE": NO_HELD},
+            "plain exp": {"STREAM_EXP_FTZ": False, "HELD_MIN_SHARE": NO_HELD}}
 
 
 def with_knobs(knobs: dict, fn):
-    """fn run with the library's streaming knobs changed by ``knobs``."""
+    """fn run with the library's knobs changed by ``knobs``."""
     def run():
         for k, v in {**LIBRARY, **knobs}.items():
-            setattr(F, k, v)
+            setattr(KNOBS[k], k, v)
         return fn()
     return run
 
@@ -54,14 +60,24 @@ def main():
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tiles", default="", help="streaming tile variants, 'elem:tile:per_thread,...'")
+    ap.add_argument("--variants", default="library,two-pass", help="names from VARIANTS, comma-separated")
+    ap.add_argument("--fills", default="", help="held-path variants by HELD_FILL, e.g. 0.8,0.9")
+    ap.add_argument("--no-peer", action="store_true", help="leave torch.compile out (no compile per shape)")
     args = ap.parse_args()
+    chosen = {name: VARIANTS[name] for name in args.variants.split(",")}
+    chosen.update({f"fill {f}": {"HELD_FILL": {"fwd": float(f), "bwd": float(f)},
+                                 "HELD_MIN_SHARE": {"fwd": 0.0, "bwd": 0.0}}
+                   for f in filter(None, args.fills.split(","))})
     if args.tiles:
-        VARIANTS.update(tile_variants(args.tiles))
+        chosen.update(tile_variants(args.tiles))
+    VARIANTS.clear()
+    VARIANTS.update(chosen)
     torch._dynamo.config.cache_size_limit = 64
     peer = torch.compile(lambda x: torch.softmax(x, -1), dynamic=False)
     copy = copy_gbs()
     print(f"copy {copy:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__}")
-    print("N | M | dtype | dir | variant | GB/s | % copy | / torch.compile | max err (first rows)")
+    print("N | M | dtype | dir | variant | GB/s | % copy | / torch.compile (--no-peer: / the first variant) | "
+          "max err (first rows) | rounds' range")
     for dname in args.dtypes.split(","):
         for n in map(int, args.sizes.split(",")):
             m = max(1, (1 << 28) // n)
@@ -69,9 +85,12 @@ def main():
             dy = torch.randn_like(x)
             y = F.softmax_fwd(x, with_lse=False)[0]
             xx = x.detach().clone().requires_grad_()
-            py = peer(xx)
-            calls = {("fwd", "compile"): lambda: peer(x),
-                     ("bwd", "compile"): lambda: torch.autograd.grad(py, xx, dy, retain_graph=True)}
+            if args.no_peer:  # ratios to the first variant
+                calls = {}
+            else:
+                py = peer(xx)
+                calls = {("fwd", "compile"): lambda: peer(x),
+                         ("bwd", "compile"): lambda: torch.autograd.grad(py, xx, dy, retain_graph=True)}
             errs = {}
             rows = slice(0, min(m, 2))
             ref_y = torch.softmax(x[rows].double(), -1)
@@ -90,14 +109,17 @@ def main():
                     times[k].append(bench(f))
             nb = x.numel() * x.element_size()
             for direction, mult in (("fwd", 2), ("bwd", 3)):
-                peer_t = statistics.median(times[(direction, "compile")])
-                for name in ("compile", *VARIANTS):
+                base = "compile" if (direction, "compile") in times else next(iter(VARIANTS))
+                peer_t = statistics.median(times[(direction, base)])
+                for name in ("compile", *VARIANTS) if base == "compile" else VARIANTS:
                     t = statistics.median(times[(direction, name)])
                     g = mult * nb / t / 1e6
                     err = f"{errs[(direction, name)]:.1e}" if (direction, name) in errs else "-"
+                    spread = f"{min(times[(direction, name)]):.3f}-{max(times[(direction, name)]):.3f} ms"
                     print(f"{n} | {m} | {dname} | {direction} | {name} | {g:.0f} | {100 * g / copy:.1f} | "
-                          f"{peer_t / t:.3f}x | {err}", flush=True)
-            del x, dy, y, xx, py
+                          f"{peer_t / t:.3f}x | {err} | {spread}", flush=True)
+            print(f"waits given up so far: {F.sync_failures('cuda')}", flush=True)
+            del x, dy, y, xx
             torch.cuda.empty_cache()
     with_knobs({}, lambda: None)()
 

@@ -8,7 +8,9 @@ one write (dx). The regimes and knobs are those of ``softmax_fwd.py`` (its ``ROW
 - rows (``N <= BWD_ROWS_MAX_N``): whole rows per program, delta and dx in one kernel: y and dy
   summed in pieces and read again (from cache) for dx (``BWD_ROWS_CHUNK``), or held in registers.
 - staged split (CUDA, ``softmax_staged.py``, tried first for rows of at least its
-  ``STAGED_MIN_N``): chunks of y and dy held in shared memory across the row's wait.
+  ``STAGED_MIN_N``): chunks of y and dy held in shared memory across the row's wait; rows longer
+  than shared memory holds go in two parts (``softmax_held.py``): leading columns staged, the
+  others two-pass.
 - persistent split (CUDA): each program of a persistent grid reduces its chunk of y and dy to a
   partial dot, publishes it at the row's counter, and writes dx once the row's partials are in,
   re-reading y and dy (from L2 when the rows in flight fit there).
@@ -239,14 +241,15 @@ def _rows(y, dy, dx, delta, store_dx: bool) -> None:
         **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT))
 
 
-def _two_pass_dot(y, dy) -> torch.Tensor:
+def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
+    """(M,) float32 row sums of y * dy by partial sums (into ``out`` where given)."""
     m, n = y.shape
     elem = _elem(y, dy)
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
     _partial_dot_kernel[(triton.cdiv(m, block_m) * k,)](
         y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
-    delta = torch.empty(m, dtype=torch.float32, device=y.device)
+    delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
     block_k = min(triton.next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
     _sum_partials_kernel[(triton.cdiv(m, cm),)](pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
@@ -317,6 +320,8 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
         pass
     elif n <= BWD_ROWS_MAX_N:
         _rows(y, dy, dx, None, store_dx=True)
+    elif fwd.held_split("bwd", y, dy, dx):
+        pass
     elif fwd.use_persistent(y, n * (y.element_size() + dy.element_size()), BWD_PERSISTENT_MAX_ROW_BYTES,
                             _elem(y, dy)):
         _persistent(y, dy, dx)

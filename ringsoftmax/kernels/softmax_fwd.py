@@ -7,7 +7,8 @@ Four regimes, picked per call from the row length N (knobs below, no autotuning)
   The knobs are dicts by element size, filled from timings on an H200 (see the comments below).
 - **staged split** (longer rows, CUDA, ``softmax_staged.py``, tried first): each chunk is held in
   shared memory across the row's wait, so the input is read once; rows longer than the GPU's
-  shared memory holds, and unaligned 16-bit rows, take the paths below.
+  shared memory holds go in two parts (``softmax_held.py``): their leading columns through the
+  staged kernel, the others through the two-pass path; unaligned 16-bit rows take the paths below.
 - **persistent split** (longer rows, CUDA): the row is cut into chunks of ``SPLIT_CHUNK`` elements
   over the programs of a persistent grid sized to what the GPU holds at once (Q programs per row,
   G rows in flight). Each program reduces its chunk to (max, sum of exp), publishes it and counts
@@ -555,8 +556,9 @@ def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
         **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT))
 
 
-def _two_pass_stats(x):
-    """Chunk statistics + combine: (lse, row max, row sum of exp(x - max)), each (M,) float32."""
+def _two_pass_stats(x, out=None):
+    """Chunk statistics + combine: (lse, row max, row sum of exp(x - max)), each (M,) float32 (the
+    rows of ``out``, a (3, M) float32 tensor, where given)."""
     m, n = x.shape
     elem = x.element_size()
     block_m, block_n, k, warps = stream_config(m, n, elem)
@@ -565,8 +567,7 @@ def _two_pass_stats(x):
     _chunk_stats_kernel[(triton.cdiv(m, block_m) * k,)](
         x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
         FTZ=STREAM_EXP_FTZ and not is_interpreter(x), num_warps=warps)
-    lse = torch.empty(m, dtype=torch.float32, device=x.device)
-    shift, total = torch.empty_like(lse), torch.empty_like(lse)
+    lse, shift, total = torch.empty((3, m), dtype=torch.float32, device=x.device) if out is None else out
     block_k = min(triton.next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
     _combine_stats_kernel[(triton.cdiv(m, cm),)](pm, ps, lse, shift, total, m, k,
@@ -621,6 +622,13 @@ def staged_split(direction: str, a, b, out, lse=None) -> bool:
             and S.launch(direction, a, b, out, out if lse is None else lse))
 
 
+def held_split(direction: str, a, b, out, lse=None) -> bool:
+    """Rows longer than the staged kernel holds: leading columns held, the others read twice
+    (``softmax_held``); False where it does not apply. Arguments as for ``staged_split``."""
+    from . import softmax_held  # imports this module: resolved at call time
+    return softmax_held.held_split(direction, a, b, out, lse)
+
+
 def _empty_rows(x, m):
     return torch.full((m,), NEG_INF, dtype=torch.float32, device=x.device)
 
@@ -646,6 +654,8 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
         pass
     elif n <= ROWS_MAX_N[x.element_size()]:
         _rows(x, y, lse if with_lse else None, lse, lse, store_y=True)
+    elif held_split("fwd", x, x, y, lse):
+        pass
     elif use_persistent(x, n * x.element_size(), PERSISTENT_MAX_ROW_BYTES, x.element_size()):
         _persistent(x, y, lse)
     else:

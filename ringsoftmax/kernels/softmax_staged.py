@@ -371,21 +371,26 @@ if gluon is not None:
         return m, s
 
     @gluon.jit
-    def _merged_row(A, B, P, ERR, words, row, N, stride_a, stride_b, Q, spin_max, BWD: gl.constexpr,
-                    CHUNK: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr, playout: gl.constexpr):
+    def _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max, BWD: gl.constexpr,
+                    CHUNK: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, layout: gl.constexpr,
+                    playout: gl.constexpr):
         """(stat, sum) of ``row`` from its partial words (``words``: a first read of them), or, where
-        the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``)."""
+        the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``); with
+        ``HAS_PRIOR``, merged with the statistic of the row's other columns, (PRIOR[row],
+        PRIOR[M + row])."""
         done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
             m, s = _row_from_global(A, B, row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+        if HAS_PRIOR:
+            m, s = _merge_pair(m, s, gl.load(PRIOR + row), gl.load(PRIOR + M + row), BWD)
         return m, s
 
     @gluon.jit(do_not_specialize=["M", "Q", "spin_max"])
-    def _staged_kernel(A, B, OUT, DA, DB, LSE, P, ERR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
+    def _staged_kernel(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
                        BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
                        LAG: gl.constexpr, PBLK: gl.constexpr, LOAD_EVICT: gl.constexpr,
                        STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
-                       TMA_W: gl.constexpr, CLAIM: gl.constexpr):
+                       TMA_W: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr):
         """One program of the grid: one unit (chunk u % Q of row u // Q) per step, claimed from the
         counter (``CLAIM``) or fixed (see the module doc).
 
@@ -393,6 +398,10 @@ if gluon is not None:
         LSE (M,) float32 (forward only); P (M * Q + 1) int64: the partial words, all PENDING_WORD,
         and the claim counter (also PENDING_WORD); Q <= PBLK and Q <= max(LAG - 1, 1) x the grid (without
         CLAIM, Q <= the grid, a multiple of Q). The ring is one of ``RINGS``.
+        HAS_PRIOR: A and B are the first N columns of longer rows, whose other columns' statistic
+        (forward (max, sum of exp(x - max)), backward (dot, unused)) is PRIOR[0:2M] as two (M,) float32
+        vectors; it merges into each row's statistic, which goes to PRIOR[2M:4M] (the other columns
+        are then written from it). Unused otherwise.
         FOLD: the forward's division folded into its exponent (16-bit outputs, see ``_exp_over``).
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
@@ -576,14 +585,17 @@ if gluon is not None:
                     m = st_m
                     s = st_s
                     if fresh:
-                        m, s = _merged_row(A, B, P, ERR, words, w_row, N, stride_a, stride_b, Q, spin_max, BWD,
-                                           CHUNK, PBLK, layout, playout)
+                        m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q, spin_max,
+                                           BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout)
                     st_row = w_row
                     st_m = m
                     st_s = s
                 else:
-                    m, s = _merged_row(A, B, P, ERR, words, w_row, N, stride_a, stride_b, Q, spin_max, BWD, CHUNK,
-                                       PBLK, layout, playout)
+                    m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q, spin_max,
+                                       BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout)
+                if HAS_PRIOR:  # the whole row's statistic, for its other columns
+                    gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
+                    gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
                 if HOLD:
                     a = old_a.to(gl.float32)
                 else:
@@ -696,7 +708,7 @@ def _descriptor(t: torch.Tensor, w: int, chunk: int):
     return TensorDescriptor(t, [m, n // w, w], [t.stride(0) if m > 1 else n, w, 1], [1, chunk // w, w], layout)
 
 
-def launch(direction: str, a, b, out, lse, config=None) -> bool:
+def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
     """Run the staged kernel on (M, N) rows if one row's chunks fit the resident grid; else False.
 
     Forward (``direction="fwd"``): a = b = x, out = y (M, N) in x.dtype, lse (M,) float32.
@@ -704,44 +716,71 @@ def launch(direction: str, a, b, out, lse, config=None) -> bool:
     Inputs float32 / float16 / bfloat16 with unit column stride (see ``available``).
 
     ``config``: (chunk, num_warps, stages, ahead, lag, loads by TMA), default ``launch_config``.
+    ``prior``: None, or a (4, M) float32 tensor (contiguous) when a, b, out are the first N columns
+    of longer rows (``softmax_held``): rows 0-1 the other columns' statistic (forward max and sum of
+    exp(x - max), backward dot and anything), merged into each row's; rows 2-3 receive the whole
+    row's (forward max and sum, backward dot and 1).
     """
     m, n = a.shape
-    chunk, warps, stages, ahead, lag, tma_load = config or launch_config(direction, a, b)
+    config = config or launch_config(direction, a, b)
+    chunk, _, stages, ahead, lag, _ = config
     if (stages, ahead, lag) not in RINGS:
         raise ValueError(f"staged softmax config {config}: the kernel's rings, (STAGES, AHEAD, LAG), are {RINGS} "
                          f"(see RINGS); others measured slower in sessions 5-11 and are not built")
-    bwd = direction == "bwd"
     q = triton.cdiv(n, chunk)
     if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
         return False
-    err = F.error_counter(a.device)
-    width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
-    consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
-                  PBLK=max(WORDS_BLOCK, triton.next_power_of_2(q)),
-                  LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
-                  FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2,
-                  TMA_LOAD=width > 0, TMA_W=width)
-    descriptors = [_descriptor(t, width, chunk) for t in (a, b)] if width else [a, b]
-    # the grid is what the GPU holds at once: compile first (a stand-in for the partial words, whose
-    # size depends on the rows; the kernel does not specialize on M, Q)
-    stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
-    args = [a, b, out, *descriptors, lse, stand_in, err, m, n, *map(_row_stride, (a, b, out)), 2, F.SPIN_MAX]
-
-    def resident(claim: bool) -> int:
-        return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps,
-                                   ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
-
-    if q > capacity(lag, resident(True)):
+    args, consts, warps = _kernel_args(direction, a, b, out, lse, config, prior)
+    if q > capacity(lag, _resident(args, consts, warps, True)):
         return False
-    grid, claim = grid_plan(direction, m, q, resident(True), lag=lag)
+    grid, claim = grid_plan(direction, m, q, _resident(args, consts, warps, True), lag=lag)
     if not claim:  # the fixed-unit build sizes its own grid (its occupancy may differ)
-        grid, _ = grid_plan(direction, m, q, resident(False), claim=False, lag=lag)
+        grid, _ = grid_plan(direction, m, q, _resident(args, consts, warps, False), claim=False, lag=lag)
         if grid == 0:
             return False
     args[6] = torch.full((m * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
-    args[13] = q
+    args[14] = q
     _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps)
     return True
+
+
+def held_columns(direction: str, a, b, out, config=None) -> int:
+    """How many leading columns of (M, N) rows a, b (out) one launch with a ``prior`` keeps on chip:
+    ``capacity`` chunks of ``config`` (default: the table's, for rows of N), at most N."""
+    chunk, _, _, _, lag, _ = config = config or launch_config(direction, a, b)
+    m = a.shape[0]
+    probe = (a[:, :chunk], b[:, :chunk], out[:, :chunk])  # as the launch's views (its key and TMA width)
+    args, consts, warps = _kernel_args(direction, *probe, None, config, torch.empty((4, m), device=a.device))
+    chunks = min(capacity(lag, _resident(args, consts, warps, True)), MAX_PROGRAMS_PER_ROW)
+    return min(chunks * chunk, a.shape[1])
+
+
+def _kernel_args(direction: str, a, b, out, lse, config, prior):
+    """(args, constexprs, num_warps) of a launch on these rows; args[6] (the partial words) and
+    args[14] (Q) are stand-ins, filled in by ``launch`` (the kernel does not specialize on them)."""
+    m, n = a.shape
+    chunk, warps, stages, ahead, lag, tma_load = config
+    bwd = direction == "bwd"
+    err = F.error_counter(a.device)
+    width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
+    consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
+                  PBLK=max(WORDS_BLOCK, triton.next_power_of_2(triton.cdiv(n, chunk))),
+                  LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
+                  FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2,
+                  TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=prior is not None)
+    descriptors = [_descriptor(t, width, chunk) for t in (a, b)] if width else [a, b]
+    stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
+    args = [a, b, out, *descriptors, out if lse is None else lse, stand_in, err, err if prior is None else prior,
+            m, n, *map(_row_stride, (a, b, out)), 2, F.SPIN_MAX]
+    return args, consts, warps
+
+
+def _resident(args, consts, warps, claim: bool) -> int:
+    """Programs of this build the GPU holds at once: the grid is what it holds, sized from the
+    compiled kernel (``softmax_fwd.resident_programs``)."""
+    a, b, out = args[:3]
+    return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps,
+                               ("softmax_staged", args[10] % 16 == 0) + F.spec_key(a, b, out))
 
 
 def capacity(lag: int, programs: int) -> int:

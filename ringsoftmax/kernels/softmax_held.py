@@ -1,0 +1,83 @@
+"""Split rows longer than the GPU keeps on chip: the leading columns held, the others read twice.
+
+An exact softmax sees a row's whole statistic before it writes any of the row. The staged kernel
+(``softmax_staged``) keeps a row on chip across that wait only up to ``capacity`` chunks (on an
+H200, 4.3M float32 elements forward, 2.1M backward); longer rows used to go whole through the
+two-pass path, which reads every element twice. Here such rows are split by columns at H, the most
+the staged kernel holds (``held_columns``):
+
+1. columns [H, N) are reduced to their statistic (the two-pass path's first pass; backward the
+   partial dot);
+2. the staged kernel takes columns [0, H): it merges that statistic into each row's own
+   (``HAS_PRIOR``), writes those outputs (and lse), and leaves the whole row's statistic behind;
+3. columns [H, N) are written from it (the two-pass path's second pass).
+
+HBM traffic, in units of one read of the input: forward 2 + (N - H) / N against the two-pass
+path's 3; backward 3 + 2 (N - H) / N against 5.
+
+Inputs (M, N) with unit column stride, as for the staged kernel (``softmax_staged.available``);
+float32 math; outputs contiguous.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import softmax_bwd as B
+from . import softmax_fwd as F
+from . import softmax_staged as S
+
+#: Take this path only where the held columns are at least this share of the row, by direction;
+#: below it the two-pass path runs. H200, M * N = 2^28 (benchmarks/probes/softmax_two_pass.py
+#: --fills): forward shares of 6-13% (64M rows) were 0.5-0.6 points of copy below the two-pass
+#: path and 26% (fp32 16M) 2 above; backward 3-6.5% within -0.2..+0.5, 13% +1.2..+1.6.
+HELD_MIN_SHARE = {"fwd": 0.2, "bwd": 0.1}
+#: The share of the staged kernel's ``capacity`` the held columns fill, by direction. On an H200
+#: 10-20% of the 30 ms timing batches of the held launch ran 1.1-1.75x slower than its median at
+#: a full fill (the two-pass path never did); at 0.9 the forward's slow batches stayed within the
+#: two-pass path's time with the same medians (+-0.6 points), where the backward lost 1.5-3 points.
+HELD_FILL = {"fwd": 0.9, "bwd": 1.0}
+
+
+def held_width(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config) -> int:
+    """Where ``held_split`` cuts (M, N) rows a, b (out) under the staged ``config``: the held columns,
+    a multiple of its chunk, or 0 where the path does not apply (whole rows fit, or the held share
+    is under ``HELD_MIN_SHARE``)."""
+    n, chunk = a.shape[1], config[0]
+    fits = S.held_columns(direction, a, b, out, config)
+    held = int(HELD_FILL[direction] * fits / chunk) * chunk
+    return held if fits < n and HELD_MIN_SHARE[direction] * n <= held else 0
+
+
+def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, lse=None) -> bool:
+    """Rows longer than the staged kernel holds, by held and streamed columns; False where the
+    staged kernel cannot run (device, alignment), holds whole rows or too small a share of them (the
+    caller takes another path).
+
+    Forward ``("fwd", x, x, y, lse)``: y (M, N) in x.dtype, lse (M,) float32 (None: not kept).
+    Backward ``("bwd", y, dy, dx)``: dx (M, N) in dy.dtype.
+    """
+    m, n = a.shape
+    if not S.available(a, b):
+        return False
+    config = S.launch_config(direction, a, b)  # the table's, for the whole rows: its deepest ring
+    held = held_width(direction, a, b, out, config)
+    if not held:
+        return False
+    streamed = (t[:, held:] for t in (a, b, out))
+    stats = torch.empty((5, m), dtype=torch.float32, device=a.device)
+    if direction == "fwd":
+        x_s, _, y_s = streamed
+        F._two_pass_stats(x_s, out=stats[:3])  # (lse, max, sum) of the streamed columns
+        lse = stats[0] if lse is None else lse   # (the streamed columns' lse is not needed after)
+    else:
+        y_s, dy_s, dx_s = streamed
+        B._two_pass_dot(y_s, dy_s, out=stats[1])  # their dot
+    prior = stats[1:]
+    if not S.launch(direction, a[:, :held], b[:, :held], out[:, :held], lse, config, prior):
+        raise RuntimeError(f"softmax_held: the staged kernel refused the {held} of {n} columns that "
+                           f"held_width gave it (M = {m}); please report this")
+    if direction == "fwd":
+        F._normalize_into(x_s, y_s, prior[2], prior[3])
+    else:
+        B._elementwise(y_s, dy_s, dx_s, prior[2])
+    return True
