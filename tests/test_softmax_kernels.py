@@ -532,9 +532,14 @@ def test_held_width_cpu(monkeypatch):
     """Where the held path cuts rows: its fill of the staged kernel's capacity in whole chunks, none
     where whole rows fit or the held share is under the direction's minimum."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 100)
-    monkeypatch.setattr(H, "HELD_FILL", {"fwd": 0.9, "bwd": 1.0})
-    monkeypatch.setattr(H, "HELD_MIN_SHARE", {"fwd": 0.2, "bwd": 0.1})
     config = (4096, 8, 7, 1, 5, False)             # capacity: 4 x 100 chunks of 4096
+    rows = torch.empty(2, 2**21)
+    # the library's keys: the float32 backward only (the others had a slow mode, see HELD_MIN_SHARE)
+    assert H.held_width("bwd", rows, rows, rows, config) > 0
+    assert H.held_width("fwd", rows, rows, rows, config) == 0
+    assert H.held_width("bwd", rows.bfloat16(), rows.bfloat16(), rows.bfloat16(), config) == 0
+    monkeypatch.setattr(H, "HELD_FILL", {"fwd": 0.9, "bwd": 1.0})
+    monkeypatch.setattr(H, "HELD_MIN_SHARE", {("fwd", 4): 0.2, ("bwd", 4): 0.1})
     for direction, n, want in (("fwd", 2**21, 360 * 4096), ("bwd", 2**21, 400 * 4096),
                                ("fwd", 360 * 4096, 0),        # whole rows fit
                                ("fwd", 360 * 4096 * 5, 360 * 4096), ("fwd", 360 * 4096 * 5 + 1, 0),
@@ -721,7 +726,7 @@ def test_held_split_gpu(direction, dtype, n, poisoned, monkeypatch):
     leading columns staged with the streamed columns' statistic merged in, the rest two-pass; rows
     whose held or streamed part alone is empty, an all-empty row; through the library too."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
-    monkeypatch.setattr(H, "HELD_MIN_SHARE", {"fwd": 0.0, "bwd": 0.0})
+    monkeypatch.setattr(H, "HELD_MIN_SHARE", dict.fromkeys(H.HELD_MIN_SHARE, 0.0))
     a, b, out, lse = _held_case(direction, 6, n, dtype)
     config = S.launch_config(direction, a, b)
     assert S.held_columns(direction, a, b, out, config) == S.capacity(config[4], 12) * config[0] < n
@@ -741,8 +746,9 @@ def test_held_split_gpu(direction, dtype, n, poisoned, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction, dtype, n", [("fwd", torch.float32, 5 * 2**20), ("fwd", torch.bfloat16, 9 * 2**20 + 16),
                                                   ("bwd", torch.float32, 3 * 2**20 + 5)])
-def test_held_split_past_capacity_gpu(direction, dtype, n, poisoned):
-    """Rows just past what the GPU's shared memory holds take the held path in the library."""
+def test_held_split_past_capacity_gpu(direction, dtype, n, poisoned, monkeypatch):
+    """Rows just past what the GPU's shared memory holds, by the held path (on for every key)."""
+    monkeypatch.setattr(H, "HELD_MIN_SHARE", dict.fromkeys(H.HELD_MIN_SHARE, 0.1))
     a, b, out, lse = _held_case(direction, 4, n, dtype)
     held = H.held_width(direction, a, b, out, S.launch_config(direction, a, b))
     assert S.STAGED_MIN_N[direction, a.element_size()] < held < n

@@ -64,8 +64,8 @@ def parts(direction: str, a, b, fill: float) -> tuple[int, dict]:
         return run
 
     total = 2 * m * n * ea if direction == "fwd" else m * n * (ea + 2 * eb)
-    return held, {"held path": (whole({"fwd": 0.0, "bwd": 0.0}), total),
-                  "two-pass": (whole({"fwd": 2.0, "bwd": 2.0}), total),
+    return held, {"held path": (whole(dict.fromkeys(H.HELD_MIN_SHARE, 0.0)), total),
+                  "two-pass": (whole(dict.fromkeys(H.HELD_MIN_SHARE)), total),
                   "streamed, 1st pass": first, "held, staged": (staged(views), staged_bytes),
                   "held, staged (contiguous copy)": (staged(copies), staged_bytes),
                   "streamed, 2nd pass": second}

@@ -26,11 +26,17 @@ from . import softmax_bwd as B
 from . import softmax_fwd as F
 from . import softmax_staged as S
 
-#: Take this path only where the held columns are at least this share of the row, by direction;
-#: below it the two-pass path runs. H200, M * N = 2^28 (benchmarks/probes/softmax_two_pass.py
-#: --fills): forward shares of 6-13% (64M rows) were 0.5-0.6 points of copy below the two-pass
-#: path and 26% (fp32 16M) 2 above; backward 3-6.5% within -0.2..+0.5, 13% +1.2..+1.6.
-HELD_MIN_SHARE = {"fwd": 0.2, "bwd": 0.1}
+#: Take this path only where the held columns are at least this share of the row, by (direction,
+#: element size); None: not at all. H200, M * N = 2^28 (benchmarks/probes/softmax_two_pass.py
+#: --fills), medians against the two-pass path: backward fp32 +8.8 points of copy at 4M (71%),
+#: +3.8 at 8M, +1.5 at 16M, shares of 3-6.5% (32M-64M) within -0.2..+0.5; forward fp32 +5 at 8M,
+#: +2 at 16M, 6% (64M) -0.5; bf16 backward +10 at 8M, +4 at 16M; bf16 forward +4 at 16M. But the
+#: held launch has a slow mode, not understood: in some processes every timing batch of it ran up
+#: to 2x slower, with no wait given up (bf16 16M forward in 3 of 6 runs, 32% of copy in the full
+#: bench against the two-pass path's 60%; bf16 16M backward in 1 of 5, 56% against 60%; fp32 8M
+#: forward in 1 of 6, 62.5% against 66%). It was never seen in the fp32 backward (5 runs), the
+#: one key the path is on for.
+HELD_MIN_SHARE = {("fwd", 4): None, ("fwd", 2): None, ("bwd", 4): 0.1, ("bwd", 2): None}
 #: The share of the staged kernel's ``capacity`` the held columns fill, by direction. On an H200
 #: 10-20% of the 30 ms timing batches of the held launch ran 1.1-1.75x slower than its median at
 #: a full fill (the two-pass path never did); at 0.9 the forward's slow batches stayed within the
@@ -41,11 +47,14 @@ HELD_FILL = {"fwd": 0.9, "bwd": 1.0}
 def held_width(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config) -> int:
     """Where ``held_split`` cuts (M, N) rows a, b (out) under the staged ``config``: the held columns,
     a multiple of its chunk, or 0 where the path does not apply (whole rows fit, or the held share
-    is under ``HELD_MIN_SHARE``)."""
+    is under ``HELD_MIN_SHARE``, or that is None)."""
     n, chunk = a.shape[1], config[0]
+    share = HELD_MIN_SHARE[direction, max(a.element_size(), b.element_size())]
+    if share is None:
+        return 0
     fits = S.held_columns(direction, a, b, out, config)
     held = int(HELD_FILL[direction] * fits / chunk) * chunk
-    return held if fits < n and HELD_MIN_SHARE[direction] * n <= held else 0
+    return held if fits < n and share * n <= held else 0
 
 
 def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, lse=None) -> bool:
