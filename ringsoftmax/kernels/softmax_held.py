@@ -32,8 +32,8 @@ from . import softmax_staged as S
 #: +3.8 at 8M, +1.5 at 16M, shares of 3-6.5% (32M-64M) within -0.2..+0.5; forward fp32 +5 at 8M,
 #: +2 at 16M, 6% (64M) -0.5; bf16 backward +10 at 8M, +4 at 16M; bf16 forward +4 at 16M. But the
 #: held launch has a slow mode, not understood: in some processes every timing batch of it ran up
-#: to 2x slower, with no wait given up (bf16 16M forward in 3 of 6 runs, 32% of copy in the full
-#: bench against the two-pass path's 60%; bf16 16M backward in 1 of 5, 56% against 60%; fp32 8M
+#: to 2x slower, with no wait given up (bf16 16M forward in 3 of 7 runs, 32% of copy in the full
+#: bench against the two-pass path's 60%; bf16 16M backward in 2 of 7, 56% against 60%; fp32 8M
 #: forward in 1 of 6, 62.5% against 66%). It was never seen in the fp32 backward (5 runs), the
 #: one key the path is on for.
 HELD_MIN_SHARE = {("fwd", 4): None, ("fwd", 2): None, ("bwd", 4): 0.1, ("bwd", 2): None}
