@@ -6,9 +6,10 @@ Four regimes, picked per call from the row length N (knobs below, no autotuning)
   program when they are short (a tile of ``ROWS_TILE`` elements): one read of x, one write of y.
   The knobs are dicts by element size, filled from timings on an H200 (see the comments below).
 - **staged split** (longer rows, CUDA, ``softmax_staged.py``, tried first): each chunk is held in
-  shared memory across the row's wait, so the input is read once; rows longer than the GPU's
-  shared memory holds go in two parts (``softmax_held.py``): their leading columns through the
-  staged kernel, the others through the two-pass path; unaligned 16-bit rows take the paths below.
+  shared memory across the row's wait, so the input is read once. Rows longer than the GPU's
+  shared memory holds can go in two parts (``softmax_held.py``: their leading columns through the
+  staged kernel, the others through the two-pass path; off in the forward for now, see its
+  ``HELD_MIN_SHARE``); they and unaligned 16-bit rows take the paths below.
 - **persistent split** (longer rows, CUDA): the row is cut into chunks of ``SPLIT_CHUNK`` elements
   over the programs of a persistent grid sized to what the GPU holds at once (Q programs per row,
   G rows in flight). Each program reduces its chunk to (max, sum of exp), publishes it and counts

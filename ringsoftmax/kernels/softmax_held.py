@@ -13,7 +13,8 @@ the staged kernel holds (``held_columns``):
 3. columns [H, N) are written from it (the two-pass path's second pass).
 
 HBM traffic, in units of one read of the input: forward 2 + (N - H) / N against the two-pass
-path's 3; backward 3 + 2 (N - H) / N against 5.
+path's 3; backward 3 + 2 (N - H) / N against 5. Which rows take it: ``HELD_MIN_SHARE`` (on an
+H200 so far the float32 backward only: the held launch has a slow mode elsewhere).
 
 Inputs (M, N) with unit column stride, as for the staged kernel (``softmax_staged.available``);
 float32 math; outputs contiguous.

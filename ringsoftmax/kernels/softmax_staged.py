@@ -778,9 +778,9 @@ def _kernel_args(direction: str, a, b, out, lse, config, prior):
 def _resident(args, consts, warps, claim: bool) -> int:
     """Programs of this build the GPU holds at once: the grid is what it holds, sized from the
     compiled kernel (``softmax_fwd.resident_programs``)."""
-    a, b, out = args[:3]
+    a, b, out, n = args[0], args[1], args[2], args[10]
     return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps,
-                               ("softmax_staged", args[10] % 16 == 0) + F.spec_key(a, b, out))
+                               ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
 
 
 def capacity(lag: int, programs: int) -> int:
