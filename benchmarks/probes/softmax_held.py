@@ -30,8 +30,10 @@ def parts(direction: str, a, b, fill: float) -> tuple[int, dict]:
     out = torch.empty_like(b)
     lse = torch.empty(m, device="cuda")
     config = S.launch_config(direction, a, b)
-    chunk = config[0]
-    held = int(fill * S.held_columns(direction, a, b, out, config) / chunk) * chunk  # (held_width's rule)
+    keep = (H.HELD_MIN_SHARE, H.HELD_FILL)
+    H.HELD_MIN_SHARE, H.HELD_FILL = dict.fromkeys(H.HELD_MIN_SHARE, 0.0), {"fwd": fill, "bwd": fill}
+    held = H.held_width(direction, a, b, out, config)
+    H.HELD_MIN_SHARE, H.HELD_FILL = keep
     stats = torch.empty((5, m), device="cuda")
     prior = stats[1:]
     ea, eb = a.element_size(), b.element_size()

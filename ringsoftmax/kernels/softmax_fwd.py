@@ -568,7 +568,7 @@ def _two_pass_stats(x, out=None):
     _chunk_stats_kernel[(triton.cdiv(m, block_m) * k,)](
         x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
         FTZ=STREAM_EXP_FTZ and not is_interpreter(x), num_warps=warps)
-    lse, shift, total = torch.empty((3, m), dtype=torch.float32, device=x.device) if out is None else out
+    lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
     block_k = min(triton.next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
     _combine_stats_kernel[(triton.cdiv(m, cm),)](pm, ps, lse, shift, total, m, k,

@@ -67,8 +67,8 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     Backward ``("bwd", y, dy, dx)``: dx (M, N) in dy.dtype.
     """
     m, n = a.shape
-    if not S.available(a, b):
-        return False
+    if HELD_MIN_SHARE[direction, max(a.element_size(), b.element_size())] is None or not S.available(a, b):
+        return False  # (checked first: the forward's long rows come here on every call)
     config = S.launch_config(direction, a, b)  # the table's, for the whole rows: its deepest ring
     held = held_width(direction, a, b, out, config)
     if not held:
