@@ -495,6 +495,37 @@ def test_staged_grid_plan_cpu(monkeypatch):
     assert S.grid_plan("bwd", 3, 16, 264) == (48, False)
 
 
+def test_staged_plan_memo_cpu(monkeypatch):
+    """A launch plan is built once per layout and knob setting: again for another shape, stride,
+    dtype or 16-byte alignment of the rows, or after a knob the plans read has changed."""
+    monkeypatch.setattr(S, "_PLANS", {})
+    builds = []
+
+    def plan(*tensors, extra="x"):
+        return S.memo("test", tensors, extra, lambda: builds.append(1) or len(builds))
+
+    base = torch.empty(4, 4096, dtype=torch.bfloat16)
+    assert plan(base) == plan(base) == plan(torch.empty(4, 4096, dtype=torch.bfloat16)) == 1
+    assert plan(base, extra="y") == 2
+    assert plan(torch.empty(4, 4097, dtype=torch.bfloat16)) == 3           # shape
+    assert plan(torch.empty(4, 4096)) == 4                                  # dtype
+    assert plan(torch.empty(4, 4104, dtype=torch.bfloat16)[:, :4096]) == 5  # row stride
+    shifted = torch.empty(4 * 4096 + 8, dtype=torch.bfloat16)[1:4 * 4096 + 1].view(4, 4096)
+    assert shifted.data_ptr() % 16 != base.data_ptr() % 16 and plan(shifted) == 6  # alignment
+    monkeypatch.setattr(S, "CLAIM", not S.CLAIM)
+    assert plan(base) == 7
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
+    assert plan(base) == 8
+    table = {k: list(v) for k, v in S.STAGED_CONFIG.items()}
+    table["fwd", 4][-1] = (table["fwd", 4][-1][0], (4096, 4, 3, 1, 1, False))
+    monkeypatch.setattr(S, "STAGED_CONFIG", table)
+    assert plan(base) == 9
+    monkeypatch.setattr(S, "MEMO_SIZE", 2)
+    plan(base, extra="z")
+    assert len(S._PLANS) == 1 and plan(base, extra="z") == 10  # full: started again
+    assert plan(base, extra="z") == 10
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

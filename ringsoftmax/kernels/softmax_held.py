@@ -58,6 +58,13 @@ def held_width(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     return held if fits < n and share * n <= held else 0
 
 
+def _plan(direction: str, a, b, out) -> tuple:
+    """(config, held columns) of ``held_split`` on these rows: the table's config for the whole
+    rows (its deepest ring) and ``held_width`` under it."""
+    config = S.launch_config(direction, a, b)
+    return config, held_width(direction, a, b, out, config)
+
+
 def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, lse=None) -> bool:
     """Rows longer than the staged kernel holds, by held and streamed columns; False where the
     staged kernel cannot run (device, alignment), holds whole rows or too small a share of them (the
@@ -69,8 +76,8 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     m, n = a.shape
     if HELD_MIN_SHARE[direction, max(a.element_size(), b.element_size())] is None or not S.available(a, b):
         return False  # (checked first: the forward's long rows come here on every call)
-    config = S.launch_config(direction, a, b)  # the table's, for the whole rows: its deepest ring
-    held = held_width(direction, a, b, out, config)
+    config, held = S.memo("held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items())),
+                          lambda: _plan(direction, a, b, out))
     if not held:
         return False
     streamed = (t[:, held:] for t in (a, b, out))

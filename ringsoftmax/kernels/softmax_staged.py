@@ -47,6 +47,7 @@ import torch
 import triton
 
 from . import softmax_fwd as F
+from .attention_config import cuda_major
 
 try:  # Gluon ships with triton >= 3.5; without it the Triton split paths run
     from triton.experimental import gluon
@@ -651,7 +652,7 @@ def available(*tensors: torch.Tensor) -> bool:
     """Whether split rows of these (M, N) tensors can take the staged kernel: CUDA sm_80+, Gluon,
     and for 16-bit tensors, rows and pointers 16-byte aligned (cp.async copies 4, 8 or 16 bytes)."""
     t = tensors[0]
-    if not (STAGED and gluon is not None and t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 8):
+    if not (STAGED and gluon is not None and t.is_cuda and cuda_major(t.device) >= 8):
         return False
     return all(u.element_size() >= 4 or (u.data_ptr() % 16 == 0 and u.shape[1] % 16 == 0
                                           and (u.shape[0] == 1 or u.stride(0) % 16 == 0))
@@ -681,7 +682,7 @@ def tma_width(n: int, chunk: int, *tensors: torch.Tensor) -> int:
     it cannot: W is the widest power of two <= 256 that divides N with CHUNK / W <= 256 (a TMA box
     has at most 256 entries per dimension) and W elements a multiple of 16 bytes; pointers and row
     strides must be 16-byte aligned and the GPU sm_90+."""
-    if not tensors[0].is_cuda or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+    if not tensors[0].is_cuda or cuda_major(tensors[0].device) < 9:
         return 0
     elem = {t.element_size() for t in tensors}
     if any(t.data_ptr() % 16 or (t.shape[0] > 1 and t.stride(0) * t.element_size() % 16) for t in tensors):
@@ -704,8 +705,18 @@ def _descriptor(t: torch.Tensor, w: int, chunk: int):
     """The (M, N / w, w) view of (M, N) rows ``t`` as a TMA descriptor with (1, chunk / w, w) boxes
     (one row: its stride is never used, and may be any number; the descriptor gets N, aligned)."""
     m, n = t.shape
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * t.element_size(), rank=3)
-    return TensorDescriptor(t, [m, n // w, w], [t.stride(0) if m > 1 else n, w, 1], [1, chunk // w, w], layout)
+    return TensorDescriptor(t, [m, n // w, w], [t.stride(0) if m > 1 else n, w, 1], [1, chunk // w, w],
+                            _box_layout(t.element_size()))
+
+
+def _box_layout(elem: int):
+    """The shared layout of a TMA box of ``elem``-byte elements (built once: ~2 us of host each)."""
+    if elem not in _BOX_LAYOUTS:
+        _BOX_LAYOUTS[elem] = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * elem, rank=3)
+    return _BOX_LAYOUTS[elem]
+
+
+_BOX_LAYOUTS: dict = {}
 
 
 def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
@@ -721,6 +732,20 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
     exp(x - max), backward dot and anything), merged into each row's; rows 2-3 receive the whole
     row's (forward max and sum, backward dot and 1).
     """
+    plan = memo("launch", (a, b, out), (direction, config, prior is None),
+                lambda: _launch_plan(direction, a, b, out, lse, config, prior))
+    if plan is None:
+        return False
+    grid, claim, q, consts, warps = plan
+    words = torch.full((a.shape[0] * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
+    args = _kernel_args(a, b, out, lse, prior, consts, words, q)
+    _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps)
+    return True
+
+
+def _launch_plan(direction: str, a, b, out, lse, config, prior):
+    """(grid, claim, Q, constexprs, num_warps) of ``launch`` on these rows, or None where one row's
+    chunks outnumber what the resident grid holds."""
     m, n = a.shape
     config = config or launch_config(direction, a, b)
     chunk, _, stages, ahead, lag, _ = config
@@ -729,19 +754,18 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
                          f"(see RINGS); others measured slower in sessions 5-11 and are not built")
     q = triton.cdiv(n, chunk)
     if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
-        return False
-    args, consts, warps = _kernel_args(direction, a, b, out, lse, config, prior)
-    if q > capacity(lag, _resident(args, consts, warps, True)):
-        return False
-    grid, claim = grid_plan(direction, m, q, _resident(args, consts, warps, True), lag=lag)
+        return None
+    consts, warps = _constexprs(direction, a, b, out, config, prior is not None)
+    args = _kernel_args(a, b, out, lse, prior, consts, _stand_in_words(a.device), q)
+    programs = _resident(args, consts, warps, True)
+    if q > capacity(lag, programs):
+        return None
+    grid, claim = grid_plan(direction, m, q, programs, lag=lag)
     if not claim:  # the fixed-unit build sizes its own grid (its occupancy may differ)
         grid, _ = grid_plan(direction, m, q, _resident(args, consts, warps, False), claim=False, lag=lag)
         if grid == 0:
-            return False
-    args[6] = torch.full((m * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
-    args[14] = q
-    _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps)
-    return True
+            return None
+    return grid, claim, q, consts, warps
 
 
 def held_columns(direction: str, a, b, out, config=None) -> int:
@@ -750,29 +774,40 @@ def held_columns(direction: str, a, b, out, config=None) -> int:
     chunk, _, _, _, lag, _ = config = config or launch_config(direction, a, b)
     m = a.shape[0]
     probe = (a[:, :chunk], b[:, :chunk], out[:, :chunk])  # as the launch's views (its key and TMA width)
-    args, consts, warps = _kernel_args(direction, *probe, None, config, torch.empty((4, m), device=a.device))
+    consts, warps = _constexprs(direction, *probe, config, True)
+    args = _kernel_args(*probe, None, torch.empty((4, m), device=a.device), consts, _stand_in_words(a.device), 2)
     chunks = min(capacity(lag, _resident(args, consts, warps, True)), MAX_PROGRAMS_PER_ROW)
     return min(chunks * chunk, a.shape[1])
 
 
-def _kernel_args(direction: str, a, b, out, lse, config, prior):
-    """(args, constexprs, num_warps) of a launch on these rows; args[6] (the partial words) and
-    args[14] (Q) are stand-ins, filled in by ``launch`` (the kernel does not specialize on them)."""
-    m, n = a.shape
+def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dict, int]:
+    """(constexprs but CLAIM, num_warps) of a launch of ``config`` on (M, N) rows a, b (out)."""
+    n = a.shape[1]
     chunk, warps, stages, ahead, lag, tma_load = config
     bwd = direction == "bwd"
-    err = F.error_counter(a.device)
     width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
                   PBLK=max(WORDS_BLOCK, triton.next_power_of_2(triton.cdiv(n, chunk))),
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2,
-                  TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=prior is not None)
+                  TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior)
+    return consts, warps
+
+
+def _kernel_args(a, b, out, lse, prior, consts, words, q) -> list:
+    """The kernel's arguments on these rows, with ``words`` the partial words (int64, M * Q + 1,
+    PENDING_WORD) and ``q`` chunks per row (a plan compiles with stand-ins: the kernel does not
+    specialize on either)."""
+    m, n = a.shape
+    err = F.error_counter(a.device)
+    width, chunk = consts["TMA_W"], consts["CHUNK"]
     descriptors = [_descriptor(t, width, chunk) for t in (a, b)] if width else [a, b]
-    stand_in = torch.empty(1, dtype=torch.int64, device=a.device)
-    args = [a, b, out, *descriptors, out if lse is None else lse, stand_in, err, err if prior is None else prior,
-            m, n, *map(_row_stride, (a, b, out)), 2, F.SPIN_MAX]
-    return args, consts, warps
+    return [a, b, out, *descriptors, out if lse is None else lse, words, err, err if prior is None else prior,
+            m, n, *map(_row_stride, (a, b, out)), q, F.SPIN_MAX]
+
+
+def _stand_in_words(device):
+    return torch.empty(1, dtype=torch.int64, device=device)
 
 
 def _resident(args, consts, warps, claim: bool) -> int:
@@ -781,6 +816,28 @@ def _resident(args, consts, warps, claim: bool) -> int:
     a, b, out, n = args[0], args[1], args[2], args[10]
     return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps,
                                ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
+
+
+def memo(name: str, tensors, extra, build):
+    """``build()``, memoized by ``name``, ``extra``, every knob of this module the launch plans read,
+    and the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
+    takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
+    and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
+    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, WORDS_BLOCK,
+             MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(CLAIM_MAX_ROW_SHARE.items()),
+             tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
+    key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
+    plan = _PLANS.get(key, _PLANS)
+    if plan is _PLANS:
+        if len(_PLANS) >= MEMO_SIZE:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
+
+
+_PLANS: dict = {}
+#: Most plans ``memo`` keeps (each a few hundred bytes) before it starts again.
+MEMO_SIZE = 4096
 
 
 def capacity(lag: int, programs: int) -> int:
