@@ -565,10 +565,11 @@ def test_held_width_cpu(monkeypatch):
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 100)
     config = (4096, 8, 7, 1, 5, False)             # capacity: 4 x 100 chunks of 4096
     rows = torch.empty(2, 2**21)
-    # the library's keys: the float32 backward only (the others had a slow mode, see HELD_MIN_SHARE)
-    assert H.held_width("bwd", rows, rows, rows, config) > 0
-    assert H.held_width("fwd", rows, rows, rows, config) == 0
-    assert H.held_width("bwd", rows.bfloat16(), rows.bfloat16(), rows.bfloat16(), config) == 0
+    for direction in ("fwd", "bwd"):  # the library's keys: on for every one
+        for t in (rows, rows.bfloat16()):
+            assert H.held_width(direction, t, t, t, config) > 0
+    monkeypatch.setattr(H, "HELD_MIN_SHARE", dict.fromkeys(H.HELD_MIN_SHARE))  # None: off
+    assert H.held_width("bwd", rows, rows, rows, config) == 0
     monkeypatch.setattr(H, "HELD_FILL", {"fwd": 0.9, "bwd": 1.0})
     monkeypatch.setattr(H, "HELD_MIN_SHARE", {("fwd", 4): 0.2, ("bwd", 4): 0.1})
     for direction, n, want in (("fwd", 2**21, 360 * 4096), ("bwd", 2**21, 400 * 4096),

@@ -8,9 +8,9 @@ one write (dx). The regimes and knobs are those of ``softmax_fwd.py`` (its ``ROW
 - rows (``N <= BWD_ROWS_MAX_N``): whole rows per program, delta and dx in one kernel: y and dy
   summed in pieces and read again (from cache) for dx (``BWD_ROWS_CHUNK``), or held in registers.
 - staged split (CUDA, ``softmax_staged.py``, tried first for rows of at least its
-  ``STAGED_MIN_N``): chunks of y and dy held in shared memory across the row's wait; float32 rows
-  longer than shared memory holds go in two parts (``softmax_held.py``): leading columns staged,
-  the others two-pass.
+  ``STAGED_MIN_N``): chunks of y and dy held in shared memory across the row's wait; rows longer
+  than shared memory holds go in two parts (``softmax_held.py``): leading columns staged, the
+  others two-pass.
 - persistent split (CUDA): each program of a persistent grid reduces its chunk of y and dy to a
   partial dot, publishes it at the row's counter, and writes dx once the row's partials are in,
   re-reading y and dy (from L2 when the rows in flight fit there).

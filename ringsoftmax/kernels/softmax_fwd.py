@@ -8,8 +8,8 @@ Four regimes, picked per call from the row length N (knobs below, no autotuning)
 - **staged split** (longer rows, CUDA, ``softmax_staged.py``, tried first): each chunk is held in
   shared memory across the row's wait, so the input is read once. Rows longer than the GPU's
   shared memory holds can go in two parts (``softmax_held.py``: their leading columns through the
-  staged kernel, the others through the two-pass path; off in the forward for now, see its
-  ``HELD_MIN_SHARE``); they and unaligned 16-bit rows take the paths below.
+  staged kernel, the others through the two-pass path, where the held columns are a large enough
+  share of the row: its ``HELD_MIN_SHARE``); they and unaligned 16-bit rows take the paths below.
 - **persistent split** (longer rows, CUDA): the row is cut into chunks of ``SPLIT_CHUNK`` elements
   over the programs of a persistent grid sized to what the GPU holds at once (Q programs per row,
   G rows in flight). Each program reduces its chunk to (max, sum of exp), publishes it and counts

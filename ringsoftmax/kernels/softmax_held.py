@@ -13,8 +13,7 @@ the staged kernel holds (``held_columns``):
 3. columns [H, N) are written from it (the two-pass path's second pass).
 
 HBM traffic, in units of one read of the input: forward 2 + (N - H) / N against the two-pass
-path's 3; backward 3 + 2 (N - H) / N against 5. Which rows take it: ``HELD_MIN_SHARE`` (on an
-H200 so far the float32 backward only: the held launch has a slow mode elsewhere).
+path's 3; backward 3 + 2 (N - H) / N against 5. Which rows take it: ``HELD_MIN_SHARE``.
 
 Inputs (M, N) with unit column stride, as for the staged kernel (``softmax_staged.available``);
 float32 math; outputs contiguous.
@@ -28,20 +27,18 @@ from . import softmax_fwd as F
 from . import softmax_staged as S
 
 #: Take this path only where the held columns are at least this share of the row, by (direction,
-#: element size); None: not at all. H200, M * N = 2^28 (benchmarks/probes/softmax_two_pass.py
-#: --fills), medians against the two-pass path: backward fp32 +8.8 points of copy at 4M (71%),
-#: +3.8 at 8M, +1.5 at 16M, shares of 3-6.5% (32M-64M) within -0.2..+0.5; forward fp32 +5 at 8M,
-#: +2 at 16M, 6% (64M) -0.5; bf16 backward +10 at 8M, +4 at 16M; bf16 forward +4 at 16M. But the
-#: held launch has a slow mode, not understood: in some processes every timing batch of it ran up
-#: to 2x slower, with no wait given up (bf16 16M forward in 3 of 7 runs, 32% of copy in the full
-#: bench against the two-pass path's 60%; bf16 16M backward in 2 of 7, 56% against 60%; fp32 8M
-#: forward in 1 of 6, 62.5% against 66%). It was never seen in the fp32 backward (5 runs), the
-#: one key the path is on for.
-HELD_MIN_SHARE = {("fwd", 4): None, ("fwd", 2): None, ("bwd", 4): 0.1, ("bwd", 2): None}
-#: The share of the staged kernel's ``capacity`` the held columns fill, by direction. On an H200
-#: 10-20% of the 30 ms timing batches of the held launch ran 1.1-1.75x slower than its median at
-#: a full fill (the two-pass path never did); at 0.9 the forward's slow batches stayed within the
-#: two-pass path's time with the same medians (+-0.6 points), where the backward lost 1.5-3 points.
+#: element size); None: not at all. H200, M * N = 2^28 (benchmarks/probes/softmax_two_pass.py),
+#: medians against the two-pass path, three processes alike (session 17): backward fp32 +8.4
+#: points of copy at 4M (71%), +3.6 at 8M, +1.4 at 16M, 32M (share 6.5%) 0.0; bf16 +9.2 at 8M, +3.8
+#: at 16M, +1.2 at 32M, 64M -0.1; forward fp32 +5.8 at 8M, +1.7 at 16M, 32M (share 12%) -0.1, bf16
+#: +3.9 at 16M, +0.4 at 32M (24%), 64M (12%) -0.9. The slow mode seen in session 16 (whole
+#: processes up to 2x slower) was the host: planning the launches took 430-660 us of Python per
+#: call, more than the GPU's 0.4 ms, and ``do_bench`` then times the host; plans are memoized now
+#: (``softmax_staged.memo``: 250-290 us per call, benchmarks/probes/softmax_host.py).
+HELD_MIN_SHARE = {("fwd", 4): 0.15, ("fwd", 2): 0.15, ("bwd", 4): 0.1, ("bwd", 2): 0.1}
+#: The share of the staged kernel's ``capacity`` the held columns fill, by direction: forward 0.9
+#: against a full fill -0.6 points at fp32 8M, -0.2..-0.6 at 16M-64M (session 17, H200); the
+#: backward lost 1.5-3 points at 0.9 (session 16).
 HELD_FILL = {"fwd": 0.9, "bwd": 1.0}
 
 
