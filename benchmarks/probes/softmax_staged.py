@@ -1,12 +1,13 @@
 """Probe: the staged (shared-memory) split-row softmax kernel against the current default, side by side.
 
 Run on a GPU:  python3 benchmarks/probes/softmax_staged.py [--sizes 65536,1048576] [--dtypes fp32,bf16]
-                   [--modules name=path,...] [--tma 0,1] [--claims 0,1] [--rounds R]
+                   [--modules name=path,...] [--tma 0,1] [--claims 0,1] [--folds 0,1] [--rounds R]
 
 ``--modules`` also times other copies of ``softmax_staged.py`` (e.g. a commit's version) with their own
 table configs, against the library's, in turn for ``--rounds`` rounds (medians); ``--tma`` the same
 for loads by cp.async or TMA in the table's configs, ``--claims`` for units taken from a counter (1:
-at every row length, 0: never; the library's rule decides in between).
+at every row length, 0: never; the library's rule decides in between), ``--folds`` for the 16-bit
+forward's division folded into its exponent or not.
 
 For each (N, M = 2^28 / N, dtype, direction) it checks every staged configuration against float64
 (max error, and the fraction of the grid that works) and prints % of a device-to-device copy
@@ -120,6 +121,22 @@ def claim_variants(choices):
     return {f"claim {'always' if c == '1' else 'never'}": variant(c == "1") for c in choices.split(",")}
 
 
+def fold_variants(choices):
+    """The library's staged launch with the 16-bit forward's division folded into its exponent (1)
+    or not (0) (``FOLD_DIVISION_16BIT``)."""
+    def variant(fold):
+        def launch(*args):
+            saved = S.FOLD_DIVISION_16BIT
+            S.FOLD_DIVISION_16BIT = fold
+            try:
+                return S.launch(*args)
+            finally:
+                S.FOLD_DIVISION_16BIT = saved
+        return launch
+
+    return {f"fold {'on' if c == '1' else 'off'}": variant(c == "1") for c in choices.split(",")}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="32768,65536,262144,1048576,2097152")
@@ -137,8 +154,10 @@ def main():
                     help="time the table's configs with loads by cp.async (0) and TMA (1) side by side: 0,1")
     ap.add_argument("--claims", default="",
                     help="time units claimed from a counter (1) and whole rows per group (0) side by side: 0,1")
+    ap.add_argument("--folds", default="",
+                    help="time the 16-bit forward's division folded into the exponent (1) or not (0): 0,1")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="timing rounds of the --modules / --tma / --claims comparisons")
+                    help="timing rounds of the --modules / --tma / --claims / --folds comparisons")
     ap.add_argument("--no-configs", action="store_true", help="skip the table of configurations")
     ap.add_argument("--configs-module", default="",
                     help="run the table of configurations through this --modules copy instead of the library "
@@ -197,7 +216,8 @@ def main():
                 S.STAGED = True
                 for variants in ([module_variants(others)] if others else []) + (
                         [tma_variants(args.tma)] if args.tma else []) + (
-                        [claim_variants(args.claims)] if args.claims else []):
+                        [claim_variants(args.claims)] if args.claims else []) + (
+                        [fold_variants(args.folds)] if args.folds else []):
                     compare(variants, direction, dname, n, m, x if direction == "fwd" else (y, dy), ref, scale,
                             nbytes, copy, args.rounds)
                 if args.no_configs:
