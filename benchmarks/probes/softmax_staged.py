@@ -33,6 +33,7 @@ CONFIGS = {  # (chunk, warps, stages, ahead, lag, loads by TMA)
     ("bwd", 2): [(8192, 4, 3, 1, 1, False), (8192, 4, 3, 2, 2, False), (16384, 8, 3, 1, 1, False)],
 }
 DEFAULT_EVICTS = (S.LOAD_EVICT, S.STORE_EVICT)
+DEFAULT_FOLD = (S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -122,16 +123,16 @@ def claim_variants(choices):
 
 
 def fold_variants(choices):
-    """The library's staged launch with the 16-bit forward's division folded into its exponent (1)
-    or not (0) (``FOLD_DIVISION_16BIT``)."""
+    """The library's staged launch with the 16-bit forward's division folded into its exponent in
+    every ring (1) or in none (0) (``FOLD_DIVISION_16BIT``, ``FOLD_MIN_LAG``)."""
     def variant(fold):
         def launch(*args):
-            saved = S.FOLD_DIVISION_16BIT
-            S.FOLD_DIVISION_16BIT = fold
+            saved = S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG
+            S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG = fold, 0
             try:
                 return S.launch(*args)
             finally:
-                S.FOLD_DIVISION_16BIT = saved
+                S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG = saved
         return launch
 
     return {f"fold {'on' if c == '1' else 'off'}": variant(c == "1") for c in choices.split(",")}
@@ -227,7 +228,7 @@ def main():
                 folds = (True, False) if direction == "fwd" and elem == 2 else (S.FOLD_DIVISION_16BIT,)
                 evicts = [tuple(e.split(":")) for e in args.evicts.split(",")] if args.evicts else [None]
                 for cfg, fold, ev in [(c, f, e) for c in CONFIGS[(direction, elem)] for f in folds for e in evicts]:
-                    S.FOLD_DIVISION_16BIT = fold
+                    S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG = fold, 0  # as labelled, in every ring
                     if ev is not None:
                         S.LOAD_EVICT, S.STORE_EVICT = ev
                     label = f"{cfg}{' fold' if fold and len(folds) > 1 else ''}"
@@ -255,7 +256,7 @@ def main():
                     print(f"{direction} | {dname} | {n} | {m} | {label} | {use:.2f} of {programs} | "
                           f"{nbytes / t / 1e6:.0f} | {100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | {fails}",
                           flush=True)
-                S.FOLD_DIVISION_16BIT = True
+                S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG = DEFAULT_FOLD
                 S.LOAD_EVICT, S.STORE_EVICT = DEFAULT_EVICTS
                 del ref, out
                 torch.cuda.empty_cache()

@@ -101,8 +101,12 @@ STAGED_MIN_N = {("fwd", 4): 32769, ("fwd", 2): 16385, ("bwd", 4): 32769, ("bwd",
 #: Use the staged kernel for split rows on CUDA (False: the Triton persistent / two-pass paths).
 STAGED = True
 #: Forward with 16-bit outputs: fold the division by the row's sum into the exponent (one multiply
-#: less per element; see ``_exp_over``).
+#: less per element; see ``_exp_over``), in rings of at least FOLD_MIN_LAG steps of lag. On an H200
+#: (session 17, benchmarks/probes/softmax_staged.py --folds 0,1, 5 rounds) folding gained +1.6 /
+#: +1.9 points of copy in bf16 rows of 1M-2M (the 4-slot ring) and 8M (deep), but lost 1.6 at 4M and
+#: 0.2-0.5 at 64K-256K in the lag-1 ring (16K chunks; fp16 -0.8 at 4M, the others within 0.4).
 FOLD_DIVISION_16BIT = True
+FOLD_MIN_LAG = 2
 #: Cache policies of the cp.async loads and of the output stores ("" = the default policy). On an
 #: H200 (session 11) the default store policy beat evict_first by 0.1-1.0 points of copy in every
 #: forward cell at 64K-4M and 0.1-0.4 backward; the load policy moved nothing beyond +-0.3.
@@ -789,7 +793,7 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
                   PBLK=max(WORDS_BLOCK, triton.next_power_of_2(triton.cdiv(n, chunk))),
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
-                  FOLD=FOLD_DIVISION_16BIT and not bwd and out.element_size() == 2,
+                  FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior)
     return consts, warps
 
@@ -823,8 +827,8 @@ def memo(name: str, tensors, extra, build):
     and the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
-    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, WORDS_BLOCK,
-             MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(CLAIM_MAX_ROW_SHARE.items()),
+    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
+             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
     plan = _PLANS.get(key, _PLANS)
