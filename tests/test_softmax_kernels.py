@@ -561,8 +561,10 @@ def test_staged_four_programs_that_fill_shared_memory_gpu(poisoned):
 
 def test_held_width_cpu(monkeypatch):
     """Where the held path cuts rows: its fill of the staged kernel's capacity in whole chunks, none
-    where whole rows fit or the held share is under the direction's minimum."""
+    where whole rows fit, the held share is under the direction's minimum or the call moves fewer
+    bytes than HELD_MIN_BYTES."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 100)
+    monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
     config = (4096, 8, 7, 1, 5, False)             # capacity: 4 x 100 chunks of 4096
     rows = torch.empty(2, 2**21)
     for direction in ("fwd", "bwd"):  # the library's keys: on for every one
@@ -578,6 +580,13 @@ def test_held_width_cpu(monkeypatch):
                                ("bwd", 400 * 4096 * 10, 400 * 4096), ("bwd", 400 * 4096 * 10 + 1, 0)):
         x = torch.empty(2, n)
         assert H.held_width(direction, x, x, x, config) == want, (direction, n)
+    # forward float32: x read once, y written, the streamed 2^21 - H columns of x read again
+    held = 360 * 4096
+    assert H.traffic("fwd", rows, rows, rows, held) == 2 * 4 * (3 * 2**21 - held)
+    assert H.traffic("bwd", rows, rows.bfloat16(), rows.bfloat16(), held) == 2 * (8 * 2**21 + 6 * (2**21 - held))
+    monkeypatch.setattr(H, "HELD_MIN_BYTES", H.traffic("fwd", rows, rows, rows, held))
+    assert H.held_width("fwd", rows, rows, rows, config) == held
+    assert H.held_width("fwd", rows[:1], rows[:1], rows[:1], config) == 0
 
 
 def test_occupancy_counts_reserved_shared_memory_cpu():
@@ -759,6 +768,7 @@ def test_held_split_gpu(direction, dtype, n, poisoned, monkeypatch):
     whose held or streamed part alone is empty, an all-empty row; through the library too."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
     monkeypatch.setattr(H, "HELD_MIN_SHARE", dict.fromkeys(H.HELD_MIN_SHARE, 0.0))
+    monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
     a, b, out, lse = _held_case(direction, 6, n, dtype)
     config = S.launch_config(direction, a, b)
     assert S.held_columns(direction, a, b, out, config) == S.capacity(config[4], 12) * config[0] < n
@@ -781,6 +791,7 @@ def test_held_split_gpu(direction, dtype, n, poisoned, monkeypatch):
 def test_held_split_past_capacity_gpu(direction, dtype, n, poisoned, monkeypatch):
     """Rows just past what the GPU's shared memory holds, by the held path (on for every key)."""
     monkeypatch.setattr(H, "HELD_MIN_SHARE", dict.fromkeys(H.HELD_MIN_SHARE, 0.1))
+    monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
     a, b, out, lse = _held_case(direction, 4, n, dtype)
     held = H.held_width(direction, a, b, out, S.launch_config(direction, a, b))
     assert S.STAGED_MIN_N[direction, a.element_size()] < held < n

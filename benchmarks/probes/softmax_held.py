@@ -30,10 +30,11 @@ def parts(direction: str, a, b, fill: float) -> tuple[int, dict]:
     out = torch.empty_like(b)
     lse = torch.empty(m, device="cuda")
     config = S.launch_config(direction, a, b)
-    keep = (H.HELD_MIN_SHARE, H.HELD_FILL)
+    keep = (H.HELD_MIN_SHARE, H.HELD_FILL, H.HELD_MIN_BYTES)
     H.HELD_MIN_SHARE, H.HELD_FILL = dict.fromkeys(H.HELD_MIN_SHARE, 0.0), {"fwd": fill, "bwd": fill}
+    H.HELD_MIN_BYTES = 0
     held = H.held_width(direction, a, b, out, config)
-    H.HELD_MIN_SHARE, H.HELD_FILL = keep
+    H.HELD_MIN_SHARE, H.HELD_FILL, H.HELD_MIN_BYTES = keep
     stats = torch.empty((5, m), device="cuda")
     prior = stats[1:]
     ea, eb = a.element_size(), b.element_size()
@@ -59,7 +60,7 @@ def parts(direction: str, a, b, fill: float) -> tuple[int, dict]:
 
     def whole(min_share):
         def run():
-            H.HELD_MIN_SHARE, H.HELD_FILL = min_share, {"fwd": fill, "bwd": fill}
+            H.HELD_MIN_SHARE, H.HELD_FILL, H.HELD_MIN_BYTES = min_share, {"fwd": fill, "bwd": fill}, 0
             if direction == "fwd":
                 return F.softmax_fwd(a, with_lse=False)
             return B.softmax_bwd(a, b)
@@ -88,7 +89,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     copy = copy_gbs()
-    keep = (H.HELD_MIN_SHARE, H.HELD_FILL)
+    keep = (H.HELD_MIN_SHARE, H.HELD_FILL, H.HELD_MIN_BYTES)
     print(f"copy {copy:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__}")
     print("dir | dtype | N | M | fill | held columns | part | ms, median (range, p90 of the rounds) | "
           "GB/s (its own bytes) | % copy")
@@ -119,7 +120,7 @@ def main():
                 spread = f"{ts[0]:.3f}-{ts[-1]:.3f}, p90 {ts[int(0.9 * (len(ts) - 1))]:.3f}"
                 print(f"{direction} | {dname} | {n} | {m} | {fill} | {held} | {k} | {t:.3f} ({spread}) | {g:.0f} | "
                       f"{100 * g / copy:.1f}", flush=True)
-            H.HELD_MIN_SHARE, H.HELD_FILL = keep
+            H.HELD_MIN_SHARE, H.HELD_FILL, H.HELD_MIN_BYTES = keep
         print(f"waits given up so far: {F.sync_failures('cuda')}", flush=True)
         del x, a, b
         torch.cuda.empty_cache()

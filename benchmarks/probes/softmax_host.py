@@ -159,7 +159,7 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     if args.held == "on":
-        H.HELD_MIN_SHARE = dict.fromkeys(H.HELD_MIN_SHARE, 0.0)
+        H.HELD_MIN_SHARE, H.HELD_MIN_BYTES = dict.fromkeys(H.HELD_MIN_SHARE, 0.0), 0
     print(f"pid {os.getpid()}: {cpu_place()}; {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     print("dir | dtype | N | call | host us/call | do_bench ms | queued ms | graph ms | do_bench / queued")
     for case in args.cases.split(","):

@@ -25,12 +25,12 @@ from ringsoftmax.kernels import softmax_held as H
 
 #: knob -> the module that holds it
 KNOBS = {"STREAM_SECOND_PASS_REVERSED": F, "STREAM_EXP_FTZ": F, "STREAM_TILE": F, "STREAM_ELEMS_PER_THREAD": F,
-         "HELD_MIN_SHARE": H, "HELD_FILL": H}
+         "HELD_MIN_SHARE": H, "HELD_FILL": H, "HELD_MIN_BYTES": H}
 NO_HELD = dict.fromkeys(H.HELD_MIN_SHARE)  # the held path off
 LIBRARY = {k: getattr(mod, k) for k, mod in KNOBS.items()}
 #: name -> the knobs it changes from the library's defaults
 VARIANTS = {"library": {}, "two-pass": {"HELD_MIN_SHARE": NO_HELD},
-            "held": {"HELD_MIN_SHARE": dict.fromkeys(H.HELD_MIN_SHARE, 0.0)},
+            "held": {"HELD_MIN_SHARE": dict.fromkeys(H.HELD_MIN_SHARE, 0.0), "HELD_MIN_BYTES": 0},
             "same order": {"STREAM_SECOND_PASS_REVERSED": False, "HELD_MIN_SHARE": NO_HELD},
             "plain exp": {"STREAM_EXP_FTZ": False, "HELD_MIN_SHARE": NO_HELD}}
 
@@ -67,7 +67,7 @@ def main():
     args = ap.parse_args()
     chosen = {name: VARIANTS[name] for name in args.variants.split(",")}
     chosen.update({f"fill {f}": {"HELD_FILL": {"fwd": float(f), "bwd": float(f)},
-                                 "HELD_MIN_SHARE": dict.fromkeys(H.HELD_MIN_SHARE, 0.0)}
+                                 "HELD_MIN_SHARE": dict.fromkeys(H.HELD_MIN_SHARE, 0.0), "HELD_MIN_BYTES": 0}
                    for f in filter(None, args.fills.split(","))})
     if args.tiles:
         chosen.update(tile_variants(args.tiles))

@@ -40,19 +40,36 @@ HELD_MIN_SHARE = {("fwd", 4): 0.15, ("fwd", 2): 0.15, ("bwd", 4): 0.1, ("bwd", 2
 #: against a full fill -0.6 points at fp32 8M, -0.2..-0.6 at 16M-64M (session 17, H200); the
 #: backward lost 1.5-3 points at 0.9 (session 16).
 HELD_FILL = {"fwd": 0.9, "bwd": 1.0}
+#: Take this path only where it moves at least this many bytes through HBM (``traffic``): it
+#: launches five kernels where the two-pass path launches three, ~280 us of the host per call on an
+#: H200's machine against ~150 us, and up to twice that in some processes (session 17,
+#: benchmarks/probes/softmax_host.py); below ~0.5 ms of GPU work (1.6 GB at the ~3.3 TB/s these
+#: kernels reach) the host then sets the pace of back-to-back calls. bf16 16M-element rows forward
+#: (16 rows: 1.36 GB) measured 64% of copy with the host hidden and 60% (the two-pass path's
+#: figure) in a full bench where it was not.
+HELD_MIN_BYTES = 1.6e9
 
 
 def held_width(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config) -> int:
     """Where ``held_split`` cuts (M, N) rows a, b (out) under the staged ``config``: the held columns,
     a multiple of its chunk, or 0 where the path does not apply (whole rows fit, or the held share
-    is under ``HELD_MIN_SHARE``, or that is None)."""
+    is under ``HELD_MIN_SHARE``, or that is None, or the call moves under ``HELD_MIN_BYTES``)."""
     n, chunk = a.shape[1], config[0]
     share = HELD_MIN_SHARE[direction, max(a.element_size(), b.element_size())]
     if share is None:
         return 0
     fits = S.held_columns(direction, a, b, out, config)
     held = int(HELD_FILL[direction] * fits / chunk) * chunk
-    return held if fits < n and share * n <= held else 0
+    big = traffic(direction, a, b, out, held) >= HELD_MIN_BYTES
+    return held if fits < n and share * n <= held and big else 0
+
+
+def traffic(direction: str, a, b, out, held: int) -> int:
+    """Bytes the held path moves through HBM on (M, N) rows a, b (out) with ``held`` columns held:
+    every input read once and the output written once, the streamed columns' inputs read again."""
+    m, n = a.shape
+    inputs = a.element_size() if direction == "fwd" else a.element_size() + b.element_size()
+    return m * (n * (inputs + out.element_size()) + (n - held) * inputs)
 
 
 def _plan(direction: str, a, b, out) -> tuple:
@@ -73,7 +90,8 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     m, n = a.shape
     if HELD_MIN_SHARE[direction, max(a.element_size(), b.element_size())] is None or not S.available(a, b):
         return False  # (checked first: the forward's long rows come here on every call)
-    config, held = S.memo("held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items())),
+    config, held = S.memo("held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items()),
+                                                  HELD_MIN_BYTES),
                           lambda: _plan(direction, a, b, out))
     if not held:
         return False
