@@ -37,7 +37,7 @@ from . import softmax_staged as S
 #: (``softmax_staged.memo``: 250-290 us per call, benchmarks/probes/softmax_host.py).
 HELD_MIN_SHARE = {("fwd", 4): 0.15, ("fwd", 2): 0.15, ("bwd", 4): 0.1, ("bwd", 2): 0.1}
 #: The share of the staged kernel's ``capacity`` the held columns fill, by direction: forward 0.9
-#: against a full fill -0.6 points at fp32 8M, -0.2..-0.6 at 16M-64M (session 17, H200); the
+#: against a full fill +0.6 points of copy at fp32 8M, 0 to -0.6 at 16M-64M (session 17, H200); the
 #: backward lost 1.5-3 points at 0.9 (session 16).
 HELD_FILL = {"fwd": 0.9, "bwd": 1.0}
 #: Take this path only where it moves at least this many bytes through HBM (``traffic``): it
