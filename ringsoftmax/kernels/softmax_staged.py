@@ -84,6 +84,11 @@ except ImportError:  # pragma: no cover - older triton
 #: fp32 backward 2M (chunks of 2048) 85.1 against 62.9, bf16 backward 4M (TMA) 89.1 against 61.8.
 #: Where the rings of lag <= 2 hold the rows they stay ahead: deep rings measured 75-77% at fp32 1M
 #: forward (96% lag 2), 79% at bf16 4M forward (83.5% lag 1), 92% at bf16 2M backward (96%).
+#: 16-bit backward by TMA in the register ring (session 17, bf16 / fp16): chunks of 4096 (396
+#: programs) 100.7 / 100.5, 100.6 / 100.5, 100.8 / 100.3% at 64K / 256K / 512K against the lag-1
+#: cp.async ring's 100.2 / 100.5, 99.9 / 99.8, 97.7 / 98.2 (but 92.4 at 1.25M: 320 chunks of 396);
+#: chunks of 8192 99.1 / 99.0 at 1M, 97.8 / 97.6 at 1.25M against 96.2 / 95.5, 96.1 / 95.3 by
+#: cp.async; from 1.5M cp.async is ahead (2M: 96.0 / 95.3 against 91.7 / 89.8).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (4096, 8, 4, 1, 2, True)),
                  (1048577, (8192, 4, 3, 1, 1, False)), (2097153, (4096, 8, 7, 1, 5, True))],
@@ -91,7 +96,8 @@ STAGED_CONFIG = {
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 1, True)),
                  (4194305, (8192, 4, 7, 1, 5, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False))],
-    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (1048576, (8192, 4, 3, 2, 2, False)),
+    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
+                 (1048576, (8192, 4, 3, 2, 2, True)), (1572865, (8192, 4, 3, 2, 2, False)),
                  (2097153, (4096, 4, 7, 1, 5, True))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
