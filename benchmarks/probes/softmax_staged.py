@@ -106,36 +106,33 @@ def tma_variants(choices):
     return {f"load {'tma' if ld else 'cp.async'}": variant(ld) for ld in loads}
 
 
+def with_knobs(knobs: dict):
+    """The library's staged launch with ``softmax_staged``'s knobs set to ``knobs`` while it runs."""
+    def launch(*args):
+        saved = {k: getattr(S, k) for k in knobs}
+        for k, v in knobs.items():
+            setattr(S, k, v)
+        try:
+            return S.launch(*args)
+        finally:
+            for k, v in saved.items():
+                setattr(S, k, v)
+    return launch
+
+
 def claim_variants(choices):
     """The library's staged launch with units claimed from the counter at every row length (1) or
     never (0: whole rows per group of programs)."""
-    def variant(claim):
-        def launch(*args):
-            saved = S.CLAIM, S.CLAIM_MAX_ROW_SHARE
-            S.CLAIM, S.CLAIM_MAX_ROW_SHARE = claim, dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0)
-            try:
-                return S.launch(*args)
-            finally:
-                S.CLAIM, S.CLAIM_MAX_ROW_SHARE = saved
-        return launch
-
-    return {f"claim {'always' if c == '1' else 'never'}": variant(c == "1") for c in choices.split(",")}
+    return {f"claim {'always' if c == '1' else 'never'}":
+            with_knobs({"CLAIM": c == "1", "CLAIM_MAX_ROW_SHARE": dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0)})
+            for c in choices.split(",")}
 
 
 def fold_variants(choices):
     """The library's staged launch with the 16-bit forward's division folded into its exponent in
     every ring (1) or in none (0) (``FOLD_DIVISION_16BIT``, ``FOLD_MIN_LAG``)."""
-    def variant(fold):
-        def launch(*args):
-            saved = S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG
-            S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG = fold, 0
-            try:
-                return S.launch(*args)
-            finally:
-                S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG = saved
-        return launch
-
-    return {f"fold {'on' if c == '1' else 'off'}": variant(c == "1") for c in choices.split(",")}
+    return {f"fold {'on' if c == '1' else 'off'}": with_knobs({"FOLD_DIVISION_16BIT": c == "1", "FOLD_MIN_LAG": 0})
+            for c in choices.split(",")}
 
 
 def main():
