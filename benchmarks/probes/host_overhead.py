@@ -56,16 +56,21 @@ def main():
     for name, fn in calls.items():
         print(f"  {name:36s} {per_call_us(fn):7.1f} us", flush=True)
     for name in ("attention_fwd (causal)", "attention_bwd (causal, accumulate)"):
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            calls[name]()
-        prof.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
         print(f"--- cProfile, 200 x {name}, by own time")
-        print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+        print(hottest_functions(calls[name], 200, 14))
+
+
+def hottest_functions(fn, calls: int, lines: int) -> str:
+    """The ``lines`` functions with the most own time over ``calls`` calls of fn, under cProfile."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(lines)
+    return "\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip())
 
 
 if __name__ == "__main__":

@@ -20,15 +20,13 @@ Run on a GPU:  python3 benchmarks/probes/softmax_host.py [--cases fwd:bf16:16777
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import statistics
 import time
 
 import torch
-from softmax_held import parts  # same folder
+from host_overhead import hottest_functions  # same folder
+from softmax_held import parts
 from softmax_staged import DTYPES, bench
 
 from ringsoftmax.kernels import softmax_bwd as B
@@ -95,18 +93,6 @@ def cpu_place() -> str:
         return f"cpu {cpu} ({','.join(node) or 'no node'}), allowed {len(os.sched_getaffinity(0))}"
     except Exception as e:  # noqa: BLE001
         return f"unknown ({e})"
-
-
-def profile(fn, calls: int = 30) -> str:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
-    return out.getvalue()
 
 
 def breakdown(direction, a, b) -> dict:
@@ -188,7 +174,7 @@ def run_case(direction: str, dname: str, n: int, args) -> None:
         g = graph_ms(fn, args.reps)
         print(f"{direction} | {dname} | {n} | {name} | {h:.0f} | {d:.3f} | {q:.3f} | {g} | {d / q:.2f}", flush=True)
         if args.profile and name == "library":
-            print(profile(fn), flush=True)
+            print(hottest_functions(fn, 30, 12), flush=True)
     if args.breakdown and held:
         for name, us in breakdown(direction, a, b).items():
             print(f"  host step | {direction} | {dname} | {n} | {name} | {us:.1f} us", flush=True)
