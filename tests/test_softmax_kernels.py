@@ -291,6 +291,29 @@ def test_two_pass_second_pass_order_cpu(reversed_, poisoned, small_regimes, monk
 
 
 @cpu_only
+@pytest.mark.parametrize("fma", [False, True])
+@pytest.mark.parametrize("n", [1000, 1024])
+def test_two_pass_exponents_and_exact_tiles_cpu(n, fma, poisoned, small_regimes, monkeypatch):
+    """The two-pass forward with its exponents as one FMA (or a subtraction and a multiply), with tiles
+    that cover the rows exactly (no masks) or not: -inf entries, an all -inf row, |x| ~ 1e4, statistics
+    given to normalize from afar."""
+    monkeypatch.setattr(F, "STREAM_FMA_EXP", fma)
+    block_m, block_n, _, _ = F.stream_config(6, n, 4)
+    for dtype in (torch.float32, torch.float16):
+        x = make_x(6, n, dtype, "cpu")
+        assert F.stream_args(x, block_m, block_n)["EVEN"] == (n == 1024)
+        y, lse = F.softmax_fwd(x)
+        check_fwd(x, y, lse, TOL[dtype])
+        check_stats(x, *F.row_stats(x))
+    x = make_x(3, n, torch.float32, "cpu")
+    m = x.amax(-1) + 3.0
+    s = torch.tensor([0.5, 2.0, 0.0])
+    m[2] = float("-inf")
+    y = F.normalize(x, m, s)
+    assert rel_err(y[:2], normalize64(x[:2], m[:2], s[:2])) <= 1e-6 and (y[2] == 0).all()
+
+
+@cpu_only
 def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
     y, dy = softmax_pair(6, 300, torch.float32, "cpu")
     big = torch.randn(6, 400).to(torch.float16)

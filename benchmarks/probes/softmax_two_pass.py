@@ -1,8 +1,10 @@
 """Probe: split rows too long to keep on chip: the library (leading columns held by the staged
 kernel, the rest two-pass: ``softmax_held``) against the two-pass path alone, the two-pass second
 pass over the inputs in the first pass's order or reversed (``softmax_fwd.STREAM_SECOND_PASS_REVERSED``),
-the forward's exponentials plain or flushed to zero (``STREAM_EXP_FTZ``), beside torch.compile's
-softmax, all timed in turn for ``--rounds`` rounds (medians).
+the forward's exponentials plain or flushed to zero (``STREAM_EXP_FTZ``), its exponents as a
+subtraction and a multiply (``STREAM_FMA_EXP`` off) and its tiles masked where they cover the rows
+exactly (``STREAM_EXACT`` off), beside torch.compile's softmax, all timed in turn for ``--rounds``
+rounds (medians).
 
 Run on a GPU:  python3 benchmarks/probes/softmax_two_pass.py [--sizes 4194304,16777216] [--rounds 5]
                [--variants library,two-pass,same order,plain exp]
@@ -24,15 +26,17 @@ from ringsoftmax.kernels import softmax_fwd as F
 from ringsoftmax.kernels import softmax_held as H
 
 #: knob -> the module that holds it
-KNOBS = {"STREAM_SECOND_PASS_REVERSED": F, "STREAM_EXP_FTZ": F, "STREAM_TILE": F, "STREAM_ELEMS_PER_THREAD": F,
-         "HELD_MIN_SHARE": H, "HELD_FILL": H, "HELD_MIN_BYTES": H}
+KNOBS = {"STREAM_SECOND_PASS_REVERSED": F, "STREAM_EXP_FTZ": F, "STREAM_FMA_EXP": F, "STREAM_EXACT": F,
+         "STREAM_TILE": F, "STREAM_ELEMS_PER_THREAD": F, "HELD_MIN_SHARE": H, "HELD_FILL": H, "HELD_MIN_BYTES": H}
 NO_HELD = dict.fromkeys(H.HELD_MIN_SHARE)  # the held path off
 LIBRARY = {k: getattr(mod, k) for k, mod in KNOBS.items()}
 #: name -> the knobs it changes from the library's defaults
 VARIANTS = {"library": {}, "two-pass": {"HELD_MIN_SHARE": NO_HELD},
             "held": {"HELD_MIN_SHARE": dict.fromkeys(H.HELD_MIN_SHARE, 0.0), "HELD_MIN_BYTES": 0},
             "same order": {"STREAM_SECOND_PASS_REVERSED": False, "HELD_MIN_SHARE": NO_HELD},
-            "plain exp": {"STREAM_EXP_FTZ": False, "HELD_MIN_SHARE": NO_HELD}}
+            "plain exp": {"STREAM_EXP_FTZ": False, "HELD_MIN_SHARE": NO_HELD},
+            "sub-mul exponents": {"STREAM_FMA_EXP": False, "STREAM_EXACT": False, "HELD_MIN_SHARE": NO_HELD},
+            "masked tiles": {"STREAM_EXACT": False, "HELD_MIN_SHARE": NO_HELD}}
 
 
 def with_knobs(knobs: dict, fn):
@@ -44,14 +48,16 @@ def with_knobs(knobs: dict, fn):
     return run
 
 
-def tile_variants(spec: str) -> dict:
-    """'2:4096:16,...' (element size, tile elements, elements per thread) -> streaming tile variants."""
+def tile_variants(spec: str, bases=("library",)) -> dict:
+    """'2:4096:16,...' (element size, tile elements, elements per thread) -> streaming tile variants,
+    each on top of the knobs of every variant named in ``bases``."""
     out = {}
-    for c in spec.split(","):
-        elem, tile, per = map(int, c.split(":"))
-        out[f"tile {tile} x {per}/thread ({elem} B)"] = {
-            "STREAM_TILE": {**LIBRARY["STREAM_TILE"], elem: tile},
-            "STREAM_ELEMS_PER_THREAD": {**LIBRARY["STREAM_ELEMS_PER_THREAD"], elem: per}}
+    for base in bases:
+        for c in spec.split(","):
+            elem, tile, per = map(int, c.split(":"))
+            out[f"tile {tile} x {per}/thread ({elem} B)" + ("" if base == "library" else f", {base}")] = {
+                **VARIANTS[base], "STREAM_TILE": {**LIBRARY["STREAM_TILE"], elem: tile},
+                "STREAM_ELEMS_PER_THREAD": {**LIBRARY["STREAM_ELEMS_PER_THREAD"], elem: per}}
     return out
 
 
@@ -61,6 +67,7 @@ def main():
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tiles", default="", help="streaming tile variants, 'elem:tile:per_thread,...'")
+    ap.add_argument("--tile-bases", default="library", help="the variants the tile variants start from")
     ap.add_argument("--variants", default="library,two-pass", help="names from VARIANTS, comma-separated")
     ap.add_argument("--fills", default="", help="held-path variants by HELD_FILL, e.g. 0.8,0.9")
     ap.add_argument("--no-peer", action="store_true", help="leave torch.compile out (no compile per shape)")
@@ -70,7 +77,7 @@ def main():
                                  "HELD_MIN_SHARE": dict.fromkeys(H.HELD_MIN_SHARE, 0.0), "HELD_MIN_BYTES": 0}
                    for f in filter(None, args.fills.split(","))})
     if args.tiles:
-        chosen.update(tile_variants(args.tiles))
+        chosen.update(tile_variants(args.tiles, args.tile_bases.split(",")))
     VARIANTS.clear()
     VARIANTS.update(chosen)
     torch._dynamo.config.cache_size_limit = 64

@@ -56,16 +56,26 @@ ROWS_EXACT = True
 #: Eviction policy of the forward rows kernel's loads ("" = the default).
 ROWS_LOAD_EVICT = ""
 #: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
-#: (two-pass passes, normalize, the backward's elementwise pass). On an H200 at 8M-64M (session 12,
-#: against 4096 x 16 fp32 and 8192 x 16 16-bit): fp32 forward +1.0 to +3.2 points of copy, backward
-#: +0.5 to +0.9; bf16 forward +2.5 to +2.7, backward -0.2 to -0.1.
-STREAM_TILE = {4: 8192, 2: 8192}
-STREAM_ELEMS_PER_THREAD = {4: 16, 2: 32}
+#: (two-pass passes, normalize, the backward's elementwise pass). On an H200 at 16M-64M (session 18,
+#: benchmarks/probes/softmax_two_pass.py --tiles, 7 rounds), against session 12's 8192 x 16 fp32
+#: and 8192 x 32 16-bit: fp32 32768 x 64 (16 warps) forward +1.0 / +2.5 points of copy at 16M / 64M,
+#: backward +0.1..+0.2; bf16 16384 x 64 (8 warps) forward +1.9 / +2.9, backward +0.4 / +0.6
+#: (32768 x 64, 16384 x 128 and larger: -0.6 to -10 forward).
+STREAM_TILE = {4: 32768, 2: 16384}
+STREAM_ELEMS_PER_THREAD = {4: 64, 2: 64}
 #: The second pass over the inputs (normalize forward, dx backward) walks the tiles last first, so
 #: that it starts on what the first pass read last, still in L2.
 STREAM_SECOND_PASS_REVERSED = True
-#: The two-pass forward's exponentials as one ex2.approx.ftz each (CUDA; see ``exp_ftz``).
+#: The two-pass forward's exponentials as one ex2.approx.ftz each (CUDA; see ``exp2_ftz``).
 STREAM_EXP_FTZ = True
+#: The two-pass forward's exponents as one FMA per element, x log2(e) - s2 (``shifted_exp``), instead
+#: of (x - shift) * log2(e), and the streaming forward kernels without masks where the tiles cover
+#: the rows exactly. The bf16 statistics pass ran at 72% of copy with 11.5 instructions per element
+#: (sm_90 SASS, triton 3.6, 8192 x 32 per thread); both together take it to 10.0 (16384 x 64: 7.9),
+#: but measured only +0.0 to +0.6 points of copy on the forward at 16M-64M (H200, session 18): the
+#: instructions were not what held it; the larger tiles in STREAM_TILE were.
+STREAM_FMA_EXP = True
+STREAM_EXACT = True
 #: Split rows, persistent kernel: (chunk elements per program, num_warps).
 SPLIT_CHUNK = {4: (4096, 4), 2: (4096, 4)}
 #: On CUDA, split rows use the persistent kernel (False: always the two-pass path) ...
@@ -122,17 +132,37 @@ def row_wait(CNT, expected, spin_max, ERR):
     return seen >= expected
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
 @triton.jit
-def exp_ftz(x, FTZ: tl.constexpr):
-    """exp(x) of a float32 block; ``FTZ`` (CUDA only): 2^(x log2 e) as one ex2.approx.ftz, which
-    flushes results below 2^-126 to 0. Plain exp (ex2.approx.f32) spends three more instructions
-    per element on subnormal results, which holds 16-bit streaming kernels under memory speed.
-    (Gluon kernels cannot call Triton functions: ``softmax_staged._exp2_ftz`` is its Gluon twin.)"""
+def exp2_ftz(x, FTZ: tl.constexpr):
+    """2^x of a float32 block; ``FTZ`` (CUDA only): one ex2.approx.ftz, which flushes results below
+    2^-126 to 0. Plain exp2 (ex2.approx.f32) spends three more instructions per element on subnormal
+    results, which holds 16-bit streaming kernels under memory speed. (Gluon kernels cannot call
+    Triton functions: ``softmax_staged._exp2_ftz`` is its Gluon twin.)"""
     if FTZ:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
     else:
-        return tl.exp(x)
+        return tl.exp2(x)
+
+
+@triton.jit
+def shifted_exp(x, shift, FTZ: tl.constexpr, FMA: tl.constexpr):
+    """(e, c) with exp(x - shift) = e * c for a float32 block x and its rows' shifts (``shift``:
+    (BLOCK_M,), broadcast over the columns; finite, or +inf where every x is -inf: e = 0, c = 1).
+
+    ``FMA``: e = 2^(x log2(e) - s2) with s2 = shift log2(e) rounded to float32, one FMA per element
+    that rounds the exponent once, and c = 2^-r per row, r = shift log2(e) - s2 exactly (an FMA gives
+    the rounding of a product), so nothing of shift's magnitude is lost (|x| ~ 1e4 included).
+    Else e = 2^((x - shift) log2(e)), c = 1: a subtraction and a multiply per element."""
+    if FMA:
+        s2 = shift * LOG2E
+        r = tl.where(tl.abs(s2) < float("inf"), tl.fma(shift, LOG2E, -s2), 0.0)  # (inf - inf: NaN)
+        return exp2_ftz(tl.fma(x, LOG2E, -s2[:, None]), FTZ), tl.exp2(-r)
+    else:
+        return exp2_ftz((x - shift[:, None]) * LOG2E, FTZ), tl.full(shift.shape, 1.0, tl.float32)
 
 
 @triton.jit
@@ -323,14 +353,15 @@ def _softmax_persistent_kernel(X, Y, LSE, PM, PS, CNT, ERR, M, N, stride_xm, str
 
 
 @triton.jit
-def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FTZ: tl.constexpr):
-    """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)."""
+def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        EVEN: tl.constexpr, FTZ: tl.constexpr, FMA: tl.constexpr):
+    """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)
+    (EVEN: the tiles cover the rows exactly, no masks; FTZ, FMA: see ``shifted_exp``)."""
     rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, False)
-    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), False, "")
+    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), EVEN, "")
     m = tl.max(x, axis=1)
-    shift = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.sum(exp_ftz(x - shift[:, None], FTZ), axis=1)
+    e, c = shifted_exp(x, tl.where(m == float("-inf"), 0.0, m), FTZ, FMA)
+    s = tl.sum(e, axis=1) * c
     tl.store(PM + rows64 * K + k, m, mask=row_ok)
     tl.store(PS + rows64 * K + k, s, mask=row_ok)
 
@@ -359,17 +390,18 @@ def _combine_stats_kernel(PM, PS, LSE, SHIFT, SCALE, M, K,
 
 
 @triton.jit
-def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr, FTZ: tl.constexpr):
-    """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0."""
+def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, REVERSED: tl.constexpr, EVEN: tl.constexpr, FTZ: tl.constexpr,
+                      FMA: tl.constexpr):
+    """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0.
+    (EVEN, FTZ, FMA: see ``_chunk_stats_kernel``.)"""
     rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, REVERSED)
-    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), False, "")
+    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), EVEN, "")
     shift = tl.load(SHIFT + rows, mask=row_ok, other=0.0)
     # exp(x - inf) = 0 for every x <= +large: an empty row gives 0, not exp(-inf + inf) = NaN
-    shift = tl.where(shift == float("-inf"), float("inf"), shift)
-    y = exp_ftz(x - shift[:, None], FTZ)
+    e, c = shifted_exp(x, tl.where(shift == float("-inf"), float("inf"), shift), FTZ, FMA)
     s = tl.load(SUM + rows, mask=row_ok, other=0.0)
-    store_tile(Y, rows64, cols, mask, stride_ym, y * tl.where(s > 0, 1.0 / s, 0.0)[:, None], False)
+    store_tile(Y, rows64, cols, mask, stride_ym, e * tl.where(s > 0, c / s, 0.0)[:, None], EVEN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -399,6 +431,14 @@ def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_t
 def stream_config(m: int, n: int, elem: int):
     """tile_config of the streaming kernels: chunks of at most STREAM_TILE elements."""
     return tile_config(m, n, elem, STREAM_TILE[elem], per_thread=STREAM_ELEMS_PER_THREAD, tile=STREAM_TILE)
+
+
+def stream_args(x: torch.Tensor, block_m: int, block_n: int) -> dict:
+    """Specializations of the forward streaming kernels on (m, n) rows x in (block_m, block_n) tiles:
+    EVEN (no masks) where the tiles cover the rows exactly, and the exponentials (see ``shifted_exp``)."""
+    m, n = x.shape
+    return dict(EVEN=bool(STREAM_EXACT and n % block_n == 0 and m % block_m == 0),
+                FTZ=STREAM_EXP_FTZ and not is_interpreter(x), FMA=STREAM_FMA_EXP)
 
 
 def split_chunk(elem: int, table=None):
@@ -566,8 +606,8 @@ def _two_pass_stats(x, out=None):
     pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
     ps = torch.empty_like(pm)
     _chunk_stats_kernel[(triton.cdiv(m, block_m) * k,)](
-        x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
-        FTZ=STREAM_EXP_FTZ and not is_interpreter(x), num_warps=warps)
+        x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        **stream_args(x, block_m, block_n))
     lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
     block_k = min(triton.next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
@@ -582,8 +622,8 @@ def _normalize_into(x, y, shift, total) -> None:
     block_m, block_n, k, warps = stream_config(m, n, elem)
     _normalize_kernel[(triton.cdiv(m, block_m) * k,)](
         x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED,
-        FTZ=STREAM_EXP_FTZ and not is_interpreter(x), num_warps=warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps,
+        **stream_args(x, block_m, block_n))
 
 
 def _persistent(x, y, lse) -> None:
