@@ -59,8 +59,8 @@ ROWS_LOAD_EVICT = ""
 #: (two-pass passes, normalize, the backward's elementwise pass). On an H200 at 16M-64M (session 18,
 #: benchmarks/probes/softmax_two_pass.py --tiles, 7 rounds), against session 12's 8192 x 16 fp32
 #: and 8192 x 32 16-bit: fp32 32768 x 64 (16 warps) forward +1.0 / +2.5 points of copy at 16M / 64M,
-#: backward +0.1..+0.2; bf16 16384 x 64 (8 warps) forward +1.9 / +2.9, backward +0.4 / +0.6
-#: (32768 x 64, 16384 x 128 and larger: -0.6 to -10 forward).
+#: backward +0.2 / +0.1; bf16 16384 x 64 (8 warps) forward +1.9 / +2.9, backward +0.6 / +0.4
+#: (32768 x 64, 16384 x 128 and larger: -0.8 to -10.4 forward).
 STREAM_TILE = {4: 32768, 2: 16384}
 STREAM_ELEMS_PER_THREAD = {4: 64, 2: 64}
 #: The second pass over the inputs (normalize forward, dx backward) walks the tiles last first, so
@@ -72,7 +72,7 @@ STREAM_EXP_FTZ = True
 #: of (x - shift) * log2(e), and the streaming forward kernels without masks where the tiles cover
 #: the rows exactly. The bf16 statistics pass ran at 72% of copy with 11.5 instructions per element
 #: (sm_90 SASS, triton 3.6, 8192 x 32 per thread); both together take it to 10.0 (16384 x 64: 7.9),
-#: but measured only +0.0 to +0.6 points of copy on the forward at 16M-64M (H200, session 18): the
+#: but measured only -0.1 to +0.6 points of copy on the forward at 16M-64M (H200, session 18): the
 #: instructions were not what held it; the larger tiles in STREAM_TILE were.
 STREAM_FMA_EXP = True
 STREAM_EXACT = True
