@@ -298,9 +298,9 @@ def test_two_pass_exponents_and_exact_tiles_cpu(n, fma, poisoned, small_regimes,
     that cover the rows exactly (no masks) or not: -inf entries, an all -inf row, |x| ~ 1e4, statistics
     given to normalize from afar."""
     monkeypatch.setattr(F, "STREAM_FMA_EXP", fma)
-    block_m, block_n, _, _ = F.stream_config(6, n, 4)
     for dtype in (torch.float32, torch.float16):
         x = make_x(6, n, dtype, "cpu")
+        block_m, block_n, _, _ = F.stream_config(6, n, x.element_size())
         assert F.stream_args(x, block_m, block_n)["EVEN"] == (n == 1024)
         y, lse = F.softmax_fwd(x)
         check_fwd(x, y, lse, TOL[dtype])
