@@ -10,6 +10,7 @@ attention_fwd, attention_delta, attention_bwd) with the same contracts.
 """
 from __future__ import annotations
 
+import functools
 import os
 import types
 
@@ -38,18 +39,26 @@ def use_triton(t: torch.Tensor) -> bool:
 
 def softmax_ops(t: torch.Tensor):
     """The module whose row softmax functions run for tensor ``t``."""
-    if not use_triton(t):
-        return reference
+    return _kernel_softmax_ops() if use_triton(t) else reference
+
+
+def attention_ops(t: torch.Tensor):
+    """The module whose attention block functions run for tensor ``t``."""
+    return _kernel_attention_ops() if use_triton(t) else reference
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_softmax_ops():
+    """The kernels' row softmax functions (built once: every call of the library asks for them)."""
     from .kernels import softmax_bwd, softmax_fwd
     return types.SimpleNamespace(softmax_fwd=softmax_fwd.softmax_fwd, row_stats=softmax_fwd.row_stats,
                                  normalize=softmax_fwd.normalize, row_dot=softmax_bwd.row_dot,
                                  softmax_bwd=softmax_bwd.softmax_bwd)
 
 
-def attention_ops(t: torch.Tensor):
-    """The module whose attention block functions run for tensor ``t``."""
-    if not use_triton(t):
-        return reference
+@functools.lru_cache(maxsize=None)
+def _kernel_attention_ops():
+    """The kernels' attention block functions (built once)."""
     from .kernels import attention_bwd, attention_fwd
     return types.SimpleNamespace(attention_fwd=attention_fwd.attention_fwd,
                                  attention_delta=attention_bwd.attention_delta,

@@ -38,6 +38,27 @@ def test_softmax_gradients_gradcheck():
     assert torch.autograd.gradcheck(lambda t: rs.softmax(t, 0), (x,))
 
 
+@pytest.mark.parametrize("shape,dim", [((5, 33), -1), ((3, 17, 4), 1), ((2, 3, 9), -1), ((6, 2), 0)])
+def test_softmax_without_autograd_is_the_autograd_result(shape, dim):
+    """Inputs that need no gradient skip autograd (no graph attached) and get the same values and
+    shapes as inputs that do; gradients come back shaped like x along any dim."""
+    x = torch.randn(shape, dtype=torch.float64) * 30
+    x.movedim(dim, -1)[0] = float("-inf")
+    y_plain, lse_plain = rs.softmax_with_lse(x, dim)
+    xg = x.clone().requires_grad_(True)
+    y_graph, lse_graph = rs.softmax_with_lse(xg, dim)
+    assert y_plain.grad_fn is None and lse_plain.grad_fn is None and y_graph.grad_fn is not None
+    assert torch.equal(y_plain, y_graph.detach()) and torch.equal(lse_plain, lse_graph.detach())
+    assert torch.equal(rs.softmax(x, dim), y_plain) and torch.equal(rs.softmax(xg, dim).detach(), y_plain)
+    with torch.no_grad():
+        assert rs.softmax(xg, dim).grad_fn is None
+    want_y, want_lse = softmax64(x, dim)
+    assert y_plain.shape == x.shape and lse_plain.shape == want_lse.shape
+    assert_close("y", y_plain, want_y, 1e-12)
+    xr = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: rs.softmax_with_lse(t, dim), (xr,))
+
+
 def _qkv(b, sq, sk, h, hkv, d, dtype=torch.float64):
     return (torch.randn(b, sq, h, d, dtype=dtype), torch.randn(b, sk, hkv, d, dtype=dtype),
             torch.randn(b, sk, hkv, d, dtype=dtype))

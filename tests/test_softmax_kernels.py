@@ -11,12 +11,14 @@ import os
 
 import pytest
 import torch
+import triton
 
 from helpers import rel_err, softmax64
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 from ringsoftmax.kernels import softmax_held as H
 from ringsoftmax.kernels import softmax_staged as S
+from ringsoftmax.kernels.hostmath import cdiv, next_power_of_2
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 cpu_only = pytest.mark.skipif(not INTERP, reason="interpreter tests: TRITON_INTERPRET=1 (set without CUDA)")
@@ -119,6 +121,17 @@ def test_rows_exact_tiles_cpu(dtype, poisoned):
     assert none is None and torch.equal(y_only, y)
     yb, dy = softmax_pair(8, 128, dtype, "cpu")
     check_bwd(yb, dy, B.softmax_bwd(yb, dy), TOL[dtype])
+
+
+def test_host_integer_helpers_match_triton():
+    """The launchers' cdiv / next_power_of_2 (plain Python, ~100x cheaper per call on the host than
+    triton's constexpr functions) give triton's values."""
+    values = list(range(1, 300)) + [2**k + d for k in range(8, 41) for d in (-1, 0, 1)]
+    for n in values:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 2, 3, 16, 127, 4096):
+            assert cdiv(n, b) == triton.cdiv(n, b), (n, b)
+    assert cdiv(0, 7) == 0 and next_power_of_2(0) == 1
 
 
 def test_rows_tile_args():

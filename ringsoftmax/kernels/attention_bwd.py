@@ -33,6 +33,7 @@ import triton.language as tl
 from . import attention_config as config
 from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, check_scale,
                             descriptor_scratch, dot_precision, launch, launch_split, tma_ready, unit_last_stride)
+from .hostmath import cdiv, next_power_of_2
 
 
 # ----------------------------------------------------------------------------- delta = rowsum(dout * out)
@@ -68,9 +69,9 @@ def attention_delta(out, dout):
     B, S, H, D = o4.shape
     delta = torch.empty((B, H, S), dtype=torch.float32, device=out.device)
     if delta.numel():
-        d_pad = max(16, triton.next_power_of_2(D))
+        d_pad = max(16, next_power_of_2(D))
         block_s = max(1, min(128, 8192 // d_pad))
-        _delta_kernel[(triton.cdiv(S, block_s), B * H)](
+        _delta_kernel[(cdiv(S, block_s), B * H)](
             o4, do4, delta, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
             *delta.stride(), S, H, HEAD_DIM=D, D_PAD=d_pad, BLOCK_S=block_s, num_warps=4)
     return delta[0] if packed else delta
@@ -529,7 +530,7 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
         fresh = ws_dkdv and acc_k
         dk_k, dv_k = (torch.empty(dk.shape, dtype=torch.float32, device=dk.device) for _ in range(2)) if fresh \
             else (dk, dv)
-        grid = lambda t: (triton.cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
+        grid = lambda t: (cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
         args = (q, k, v, dout, lse, delta, dk_k, dv_k, dq, cu_q, cu_k, *common, *prob.strides(dk_k),
                 *prob.strides(dv_k), *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
         _launch_either(_attn_bwd_dkdv_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_k and not fresh,
@@ -542,7 +543,7 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
             return (dq.to(new_dtype) if cast_dq else dq), dk, dv
 
         # dQ per query tile
-        grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
+        grid = lambda t: (cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
         args = (q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, *prob.strides(dq),
                 prob.max_q, prob.max_k, prob.heads, group, *scalars)
         _launch_either(_attn_bwd_dq_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_q), "dq", ws_dq, q.device,

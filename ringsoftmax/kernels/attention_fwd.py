@@ -28,6 +28,7 @@ from triton.runtime.errors import OutOfResources
 
 from . import attention_config as config
 from . import attention_fwd_gluon as gluon_fwd
+from .hostmath import cdiv, next_power_of_2
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -373,7 +374,7 @@ def check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_s
         raise ValueError(f"head_dim must be in 1..256, got {head_dim}")
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    d_pad = max(16, next_power_of_2(head_dim))
     if not varlen:
         if q.shape[0] != k.shape[0]:
             raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
@@ -526,7 +527,7 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
     tma = descriptors and config.fwd_tma(q.device, prob.d_pad, q.dtype, bool(causal))
     kwargs = dict(HEAD_DIM=prob.head_dim, D_PAD=prob.d_pad, CAUSAL=bool(causal), VARLEN=prob.varlen,
                   DOT_PRECISION=dot_precision(q.dtype))
-    grid = lambda t: (triton.cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
+    grid = lambda t: (cdiv(prob.max_q, t.block_m), prob.batch * prob.heads)  # noqa: E731
     key = ("fwd", q.device.type, prob.d_pad, q.dtype, bool(causal))
     with descriptor_scratch() if descriptors else contextlib.nullcontext():
         if warp_spec:

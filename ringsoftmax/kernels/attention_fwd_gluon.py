@@ -36,6 +36,8 @@ import functools
 import torch
 import triton
 
+from .hostmath import cdiv
+
 try:  # Gluon ships with triton >= 3.5 (the GPU machines have 3.6)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -353,7 +355,7 @@ def grid_size(q: torch.Tensor, causal: bool, persistent: bool = PERSISTENT) -> i
     """Programs of a launch on q (B, Sq, H, D): one per unit of work (a 128-row query tile, or when
     causal a pair of them), or with ``persistent`` at most one per multiprocessor."""
     B, Sq, H, _ = q.shape
-    n_m = triton.cdiv(Sq, BLOCK_M)
+    n_m = cdiv(Sq, BLOCK_M)
     units = B * H * ((n_m + 1) // 2 if causal else n_m)
     return min(units, _multiprocessors(q.device.index or 0)) if persistent else units
 

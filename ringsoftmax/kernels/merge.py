@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .hostmath import cdiv, next_power_of_2
+
 #: Elements of head_dim handled per step, and rows (b, s, h) per program.
 BLOCK_D_MAX = 128
 ROWS_PER_PROGRAM_ELEMS = 4096
@@ -100,10 +102,10 @@ def merge_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out_b: torch.Tensor, ls
     rows = bsz * s * h
     if rows == 0:
         return
-    block_d = min(triton.next_power_of_2(max(d, 1)), BLOCK_D_MAX)
-    block_r = max(1, min(ROWS_PER_PROGRAM_ELEMS // block_d, triton.next_power_of_2(rows)))
+    block_d = min(next_power_of_2(max(d, 1)), BLOCK_D_MAX)
+    block_r = max(1, min(ROWS_PER_PROGRAM_ELEMS // block_d, next_power_of_2(rows)))
     warps = max(1, min(8, block_r * block_d // 512))
-    _merge_kernel[(triton.cdiv(rows, block_r),)](
+    _merge_kernel[(cdiv(rows, block_r),)](
         acc_out, acc_lse, out_b, lse_b, rows, s, h, d,
         *acc_out.stride()[:3], *acc_lse.stride(), *out_b.stride()[:3], *lse_b.stride(),
         BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)

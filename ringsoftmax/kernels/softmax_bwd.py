@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from . import softmax_fwd as fwd
+from .hostmath import cdiv, next_power_of_2
 from .softmax_fwd import chunk_ptrs, load_tile, row_arrive, row_wait, store_tile, stream_tile
 
 #: Rows up to this length are handled whole by one program: 96% (fp32) and 100% (bf16) of copy at
@@ -234,7 +235,7 @@ def _rows(y, dy, dx, delta, store_dx: bool) -> None:
                                               tile=BWD_ROWS_TILE, max_warps=BWD_ROWS_MAX_WARPS)
     out = dx if store_dx else y
     strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
-    _bwd_rows_kernel[(triton.cdiv(m, block_m),)](
+    _bwd_rows_kernel[(cdiv(m, block_m),)](
         y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
         STORE_DX=store_dx, num_warps=warps, RELOAD=BWD_ROWS_CHUNK[_elem(y, dy)] is not None,
         CHUNK=min(block_n, BWD_ROWS_CHUNK[_elem(y, dy)] or block_n),
@@ -247,12 +248,12 @@ def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
     elem = _elem(y, dy)
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
-    _partial_dot_kernel[(triton.cdiv(m, block_m) * k,)](
+    _partial_dot_kernel[(cdiv(m, block_m) * k,)](
         y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
-    block_k = min(triton.next_power_of_2(k), 256)
-    cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
-    _sum_partials_kernel[(triton.cdiv(m, cm),)](pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
+    block_k = min(next_power_of_2(k), 256)
+    cm = max(1, min(4096 // block_k, next_power_of_2(m)))
+    _sum_partials_kernel[(cdiv(m, cm),)](pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
     return delta
 
 
@@ -260,7 +261,7 @@ def _elementwise(y, dy, dx, delta) -> None:
     m, n = y.shape
     elem = _elem(y, dy)
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
-    _bwd_elementwise_kernel[(triton.cdiv(m, block_m) * k,)](
+    _bwd_elementwise_kernel[(cdiv(m, block_m) * k,)](
         y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, num_warps=warps)
 
@@ -268,7 +269,7 @@ def _elementwise(y, dy, dx, delta) -> None:
 def _persistent(y, dy, dx) -> None:
     m, n = y.shape
     chunk, warps = BWD_SPLIT_CHUNK[_elem(y, dy)]
-    k = triton.cdiv(n, chunk)
+    k = cdiv(n, chunk)
     err = fwd.error_counter(y.device)
     cnt = torch.zeros(m, dtype=torch.int32, device=y.device)
     consts = dict(CHUNK=chunk, PB=fwd.PARTIAL_BLOCK, LOAD_EVICT=fwd.PERSISTENT_EVICT[0],

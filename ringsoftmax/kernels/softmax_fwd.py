@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .hostmath import cdiv, next_power_of_2
+
 # ---- Regime knobs (module level so tests can lower them and reach the split paths at small N) ----
 # Values from timings on an H200 (benchmarks/logs/2026-11-22-h200-softmax-call*.log, .notes/softmax.md).
 # Dicts are keyed by element size in bytes (4: float32, 2: float16 / bfloat16).
@@ -420,12 +422,12 @@ def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_t
     row, if longer), and ``(per_thread or ELEMS_PER_THREAD)[elem]`` elements per thread, with at
     most ``max_warps`` (default ``ROWS_MAX_WARPS``) warps.
     """
-    block_n = triton.next_power_of_2(max(n, 1))
+    block_n = next_power_of_2(max(n, 1))
     if max_block_n is not None:
         block_n = min(block_n, max_block_n)
-    block_m = max(1, min((tile or ROWS_TILE)[elem] // block_n, triton.next_power_of_2(max(m, 1))))
+    block_m = max(1, min((tile or ROWS_TILE)[elem] // block_n, next_power_of_2(max(m, 1))))
     warps = num_warps_for(block_m * block_n, (per_thread or ELEMS_PER_THREAD)[elem], max_warps or ROWS_MAX_WARPS)
-    return block_m, block_n, triton.cdiv(max(n, 1), block_n), warps
+    return block_m, block_n, cdiv(max(n, 1), block_n), warps
 
 
 def stream_config(m: int, n: int, elem: int):
@@ -454,7 +456,7 @@ def is_interpreter(t: torch.Tensor) -> bool:
 def interpreter_plan(k: int, m: int, programs: int):
     """(Q programs per row, G rows in flight, R chunks per program) of the persistent grid in the interpreter."""
     q = max(1, min(INTERPRETER_PROGRAMS_PER_ROW, k))
-    return q, max(1, min(programs // q, m)), triton.cdiv(k, q)
+    return q, max(1, min(programs // q, m)), cdiv(k, q)
 
 
 def use_persistent(t: torch.Tensor, row_bytes: int, max_row_bytes, elem: int) -> bool:
@@ -548,8 +550,8 @@ def split_plan(k: int, m: int, programs: int, chunk_bytes: int = 0):
         wave = max(1, PERSISTENT_WAVE_BYTES // chunk_bytes)
         if k <= wave:
             programs = min(programs, wave)
-    r = triton.cdiv(k, programs)
-    q = triton.cdiv(k, r)
+    r = cdiv(k, programs)
+    q = cdiv(k, r)
     g = max(1, min(programs // q, m))
     return q, g, r
 
@@ -581,7 +583,7 @@ def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load
     row strides given): EVEN when the tiles cover the rows exactly (no masks; ``ROWS_EXACT``),
     OFFS64 unless every offset, padding rows included, fits in 32 bits, and x's (y's) eviction
     policy for the loads."""
-    last = (triton.cdiv(m, block_m) * block_m - 1) * max([abs(int(s)) for s in row_strides] + [n]) + block_n - 1
+    last = (cdiv(m, block_m) * block_m - 1) * max([abs(int(s)) for s in row_strides] + [n]) + block_n - 1
     return dict(EVEN=bool(ROWS_EXACT and n == block_n and m % block_m == 0), OFFS64=last > 2**31 - 1,
                 LOAD_EVICT=load_evict)
 
@@ -590,7 +592,7 @@ def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
     """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx."""
     m, n = x.shape
     block_m, block_n, _, warps = tile_config(m, n, x.element_size())
-    _softmax_rows_kernel[(triton.cdiv(m, block_m),)](
+    _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
         STORE_LSE=lse is not None, num_warps=warps,
@@ -605,14 +607,14 @@ def _two_pass_stats(x, out=None):
     block_m, block_n, k, warps = stream_config(m, n, elem)
     pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
     ps = torch.empty_like(pm)
-    _chunk_stats_kernel[(triton.cdiv(m, block_m) * k,)](
+    _chunk_stats_kernel[(cdiv(m, block_m) * k,)](
         x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
         **stream_args(x, block_m, block_n))
     lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
-    block_k = min(triton.next_power_of_2(k), 256)
-    cm = max(1, min(4096 // block_k, triton.next_power_of_2(m)))
-    _combine_stats_kernel[(triton.cdiv(m, cm),)](pm, ps, lse, shift, total, m, k,
-                                                 BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
+    block_k = min(next_power_of_2(k), 256)
+    cm = max(1, min(4096 // block_k, next_power_of_2(m)))
+    _combine_stats_kernel[(cdiv(m, cm),)](pm, ps, lse, shift, total, m, k,
+                                          BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
     return lse, shift, total
 
 
@@ -620,7 +622,7 @@ def _normalize_into(x, y, shift, total) -> None:
     m, n = x.shape
     elem = x.element_size()
     block_m, block_n, k, warps = stream_config(m, n, elem)
-    _normalize_kernel[(triton.cdiv(m, block_m) * k,)](
+    _normalize_kernel[(cdiv(m, block_m) * k,)](
         x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps,
         **stream_args(x, block_m, block_n))
@@ -630,7 +632,7 @@ def _persistent(x, y, lse) -> None:
     """The persistent split path (see _softmax_persistent_kernel)."""
     m, n = x.shape
     chunk, warps = split_chunk(x.element_size())
-    k = triton.cdiv(n, chunk)
+    k = cdiv(n, chunk)
     err = error_counter(x.device)
     cnt = torch.zeros(m, dtype=torch.int32, device=x.device)
     consts = dict(CHUNK=chunk, PB=PARTIAL_BLOCK, LOAD_EVICT=PERSISTENT_EVICT[0], STORE_EVICT=PERSISTENT_EVICT[1])
@@ -651,16 +653,18 @@ def _persistent(x, y, lse) -> None:
     _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
 
 
-def staged_split(direction: str, a, b, out, lse=None) -> bool:
+def staged_split(direction: str, a, b, out, lse=None, probe: bool = False) -> bool:
     """Split rows through ``softmax_staged`` (chunks held in shared memory) where the device, the
     alignment and the row length allow it; False where they do not (the caller takes another path).
+    With ``probe``: whether the row length, device and alignment let it try (nothing launched).
 
     Forward ``("fwd", x, x, y, lse)``; backward ``("bwd", y, dy, dx)``.
     """
     from . import softmax_staged as S  # that module imports this one: resolved at call time
     key = (direction, max(a.element_size(), b.element_size()))
-    return (a.shape[1] >= S.STAGED_MIN_N[key] and S.available(a, b)
-            and S.launch(direction, a, b, out, out if lse is None else lse))
+    if a.shape[1] < S.STAGED_MIN_N[key] or not S.available(a, b):
+        return False
+    return probe or S.launch(direction, a, b, out, out if lse is None else lse)
 
 
 def held_split(direction: str, a, b, out, lse=None) -> bool:
@@ -690,11 +694,15 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y, _empty_rows(x, m) if with_lse else None
-    lse = torch.empty(m, dtype=torch.float32, device=x.device)
-    if staged_split("fwd", x, x, y, lse):
+    staged = staged_split("fwd", x, x, y, probe=True)
+    short = n <= ROWS_MAX_N[x.element_size()]
+    # lse (M,) float32, not allocated where only the rows kernel runs and the caller drops it
+    lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not short else None
+    if staged and staged_split("fwd", x, x, y, lse):
         pass
-    elif n <= ROWS_MAX_N[x.element_size()]:
-        _rows(x, y, lse if with_lse else None, lse, lse, store_y=True)
+    elif short:
+        spare = y if lse is None else lse  # (the rows kernel's unused statistic pointers)
+        _rows(x, y, lse if with_lse else None, spare, spare, store_y=True)
     elif held_split("fwd", x, x, y, lse):
         pass
     elif use_persistent(x, n * x.element_size(), PERSISTENT_MAX_ROW_BYTES, x.element_size()):

@@ -48,6 +48,7 @@ import triton
 
 from . import softmax_fwd as F
 from .attention_config import cuda_major
+from .hostmath import cdiv, next_power_of_2
 
 try:  # Gluon ships with triton >= 3.5; without it the Triton split paths run
     from triton.experimental import gluon
@@ -762,7 +763,7 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
     if (stages, ahead, lag) not in RINGS:
         raise ValueError(f"staged softmax config {config}: the kernel's rings, (STAGES, AHEAD, LAG), are {RINGS} "
                          f"(see RINGS); others measured slower in sessions 5-11 and are not built")
-    q = triton.cdiv(n, chunk)
+    q = cdiv(n, chunk)
     if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
         return None
     consts, warps = _constexprs(direction, a, b, out, config, prior is not None)
@@ -797,7 +798,7 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
     bwd = direction == "bwd"
     width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
-                  PBLK=max(WORDS_BLOCK, triton.next_power_of_2(triton.cdiv(n, chunk))),
+                  PBLK=max(WORDS_BLOCK, next_power_of_2(cdiv(n, chunk))),
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior)
