@@ -39,7 +39,7 @@ def to_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
 def from_rows(rows: torch.Tensor, shape, dim: int) -> torch.Tensor:
     """Inverse of ``to_rows`` for a result of ``shape`` (the input's)."""
     if dim == len(shape) - 1:
-        return rows if rows.shape == shape else rows.reshape(shape)
+        return rows if len(shape) == 2 else rows.reshape(shape)  # (2-D: rows has the shape already)
     return rows.reshape(tuple(shape[:dim]) + tuple(shape[dim + 1:]) + (shape[dim],)).movedim(-1, dim)
 
 
