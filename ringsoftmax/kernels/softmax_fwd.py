@@ -653,18 +653,26 @@ def _persistent(x, y, lse) -> None:
     _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
 
 
-def staged_split(direction: str, a, b, out, lse=None, probe: bool = False) -> bool:
-    """Split rows through ``softmax_staged`` (chunks held in shared memory) where the device, the
-    alignment and the row length allow it; False where they do not (the caller takes another path).
-    With ``probe``: whether the row length, device and alignment let it try (nothing launched).
+def staged_fits(direction: str, a, b) -> bool:
+    """Whether (M, N) rows a, b may try ``softmax_staged`` (chunks held in shared memory): the row
+    length, the device and the alignment allow it (its launch may still refuse rows too long)."""
+    from . import softmax_staged as S  # that module imports this one: resolved at call time
+    key = (direction, max(a.element_size(), b.element_size()))
+    return a.shape[1] >= S.STAGED_MIN_N[key] and S.available(a, b)
+
+
+def _staged_launch(direction: str, a, b, out, lse=None) -> bool:
+    from . import softmax_staged as S
+    return S.launch(direction, a, b, out, out if lse is None else lse)
+
+
+def staged_split(direction: str, a, b, out, lse=None) -> bool:
+    """Split rows through ``softmax_staged`` where ``staged_fits`` and its launch accept them; False
+    where they do not (the caller takes another path).
 
     Forward ``("fwd", x, x, y, lse)``; backward ``("bwd", y, dy, dx)``.
     """
-    from . import softmax_staged as S  # that module imports this one: resolved at call time
-    key = (direction, max(a.element_size(), b.element_size()))
-    if a.shape[1] < S.STAGED_MIN_N[key] or not S.available(a, b):
-        return False
-    return probe or S.launch(direction, a, b, out, out if lse is None else lse)
+    return staged_fits(direction, a, b) and _staged_launch(direction, a, b, out, lse)
 
 
 def held_split(direction: str, a, b, out, lse=None) -> bool:
@@ -694,11 +702,11 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y, _empty_rows(x, m) if with_lse else None
-    staged = staged_split("fwd", x, x, y, probe=True)
+    staged = staged_fits("fwd", x, x)
     short = n <= ROWS_MAX_N[x.element_size()]
     # lse (M,) float32, not allocated where only the rows kernel runs and the caller drops it
     lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not short else None
-    if staged and staged_split("fwd", x, x, y, lse):
+    if staged and _staged_launch("fwd", x, x, y, lse):
         pass
     elif short:
         spare = y if lse is None else lse  # (the rows kernel's unused statistic pointers)
