@@ -457,25 +457,38 @@ def test_bwd_persistent_shapes_gpu(m, n, poisoned):
 
 
 def test_staged_table_fits_and_checks_its_config_cpu():
-    """Every staged entry keeps its ring consistent and fits a Hopper/Ampere multiprocessor's shared
-    memory; a config whose slots cannot hold the rows in use is refused before any launch; CPU
+    """Every staged entry keeps its ring consistent and fits a Hopper multiprocessor's shared memory;
+    on a GPU with less (Ampere's 163 KB per block) the entries that do not fit give way to the entry
+    before them; a config whose slots cannot hold the rows in use is refused before any launch; CPU
     tensors never take the staged (Gluon) kernel."""
+    hopper, ampere = 232448, 166912  # bytes a block may take (cudaDevAttrMaxSharedMemoryPerBlockOptin)
     for (direction, elem), entries in S.STAGED_CONFIG.items():
         shortest = [n for n, _ in entries]
-        assert shortest[0] == 0 and shortest == sorted(set(shortest))
-        for n, config in entries:
-            assert S.staged_config(direction, elem, max(n, 1)) == config
+        assert shortest[0] == 0 and shortest == sorted(shortest)
+        for i, (n, config) in enumerate(entries):
+            # a length given twice: the later entry is TMA-only, the earlier one is for rows without TMA
+            shadowed = i + 1 < len(entries) and entries[i + 1][0] == n
+            assert not shadowed or (S.tma_only(entries[i + 1][1]) and not S.tma_only(config))
+            assert S.staged_config(direction, elem, max(n, 1), tma=not shadowed) == config
+            assert S.staged_config(direction, elem, max(n, 1), tma=not shadowed, max_shared=hopper) == config
             chunk, warps, stages, ahead, lag, tma_load = config
             assert (stages, ahead, lag) in S.RINGS
             tensors = 2 if direction == "bwd" else 1
-            assert stages * chunk * elem * tensors <= 160 * 1024
+            assert S.slot_bytes(direction, elem, config) >= stages * chunk * elem * tensors
+            small = S.staged_config(direction, elem, max(n, 1), tma=not shadowed, max_shared=ampere)
+            assert S.slot_bytes(direction, elem, small) <= ampere
+            if S.slot_bytes(direction, elem, config) > ampere:  # the fitting entry before it
+                assert small == [c for _, c in entries[:i] if S.slot_bytes(direction, elem, c) <= ampere][-1]
+            else:
+                assert small == config
             assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
+    assert S.slot_bytes("bwd", 2, S.staged_config("bwd", 2, 1 << 20)) > ampere  # (the case above is reached)
     x = torch.randn(2, 1 << 16)
     assert not S.available(x)
     # a ring the table takes only with TMA loads gives way to the entry before it where rows cannot
     for direction, elem in S.STAGED_CONFIG:
         for n in (1 << 16, 1 << 20, 1 << 21):
-            assert S.staged_config(direction, elem, n, tma=False)[2:5] not in S.TMA_ONLY_RINGS
+            assert not S.tma_only(S.staged_config(direction, elem, n, tma=False))
     assert S.staged_config("fwd", 4, 1 << 20)[2:5] in S.TMA_ONLY_RINGS
     rows = torch.randn(2, 1 << 20)  # CPU tensors take no TMA
     assert S.launch_config("fwd", rows, rows) == S.staged_config("fwd", 4, 1 << 20, tma=False)
@@ -636,6 +649,19 @@ def test_occupancy_counts_reserved_shared_memory_cpu():
     assert F.occupancy(16, 0, 1, regs, smem) == 32             # the block limit
     assert F.occupancy(16, 0, 4, regs, smem) == 16             # the 64-warp limit
     assert F.occupancy(255, 300000, 32, regs, smem) == 1       # at least one
+
+
+@pytest.mark.gpu
+def test_staged_tma_only_config_gpu(poisoned):
+    """bf16 backward rows of 2^20 take the TMA-only 16384 x 8 config on Hopper; rows whose length the
+    box width does not divide (N % 64 != 0) take the cp.async entry of the same length; both right."""
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    for n in (1 << 20, (1 << 20) + 16):
+        y, dy = softmax_pair(3, n, torch.bfloat16, "cuda")
+        config = S.launch_config("bwd", y, dy)
+        assert S.tma_only(config) == (hopper and n % 64 == 0)
+        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
+    assert F.sync_failures("cuda") == 0
 
 
 @pytest.mark.gpu

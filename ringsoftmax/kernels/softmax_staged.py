@@ -43,6 +43,8 @@ outputs contiguous in the input dtype (dy.dtype backward); lse (M,) float32; mat
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -89,7 +91,15 @@ except ImportError:  # pragma: no cover - older triton
 #: programs) 100.7 / 100.5, 100.6 / 100.5, 100.8 / 100.3% at 64K / 256K / 512K against the lag-1
 #: cp.async ring's 100.2 / 100.5, 99.9 / 99.8, 97.7 / 98.2 (but 92.4 at 1.25M: 320 chunks of 396);
 #: chunks of 8192 99.1 / 99.0 at 1M, 97.8 / 97.6 at 1.25M against 96.2 / 95.5, 96.1 / 95.3 by
-#: cp.async; from 1.5M cp.async is ahead (2M: 96.0 / 95.3 against 91.7 / 89.8).
+#: cp.async; from 1.5M cp.async is ahead (2M: 96.0 / 95.3 against 91.7 / 89.8). Session 20: the
+#: same ring in chunks of 16384 by 8 warps (one program per multiprocessor, 192 KB of slots, rows
+#: up to 2.16M elements), two processes on an H200: bf16 / fp16 100.1-100.3 / 100.6 at 1M, 100.1-100.3
+#: / 100.5 at 1.5M, 100.1-100.2 / 100.5 at 2M against the table's 98.7-99.1 / 98.9-99.1, 95.8-96.8 /
+#: 95.4-96.4, 96.0 / 95.3-95.4; at 64K-256K 100.0-100.6 against 100.5-100.9 (kept there). By
+#: cp.async that config ran 88-90%, so rows that cannot take TMA keep the entry of the same length
+#: before it (8192 by cp.async: 95-96%; ``TMA_ONLY_CONFIGS``). Two entries may share a length only
+#: so: the later one TMA-only. Entries whose slots need more shared memory than a block gets on the
+#: device give way to the entry before them (``staged_config``'s ``max_shared``).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (4096, 8, 4, 1, 2, True)),
                  (1048577, (8192, 4, 3, 1, 1, False)), (2097153, (4096, 8, 7, 1, 5, True))],
@@ -98,7 +108,7 @@ STAGED_CONFIG = {
                  (4194305, (8192, 4, 7, 1, 5, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False))],
     ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
-                 (1048576, (8192, 4, 3, 2, 2, True)), (1572865, (8192, 4, 3, 2, 2, False)),
+                 (1048576, (8192, 4, 3, 2, 2, False)), (1048576, (16384, 8, 3, 2, 2, True)),
                  (2097153, (4096, 4, 7, 1, 5, True))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
@@ -147,6 +157,16 @@ RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + 2, 1, lag) for lag in range(2, 7))
 #: Rings the table takes only with TMA loads: the 4-slot ring by cp.async measured 87-89% of copy
 #: in the fp32 forward at 256K-1M, against 89-96% for lag 1 (session 14).
 TMA_ONLY_RINGS = ((4, 1, 2),)
+#: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads: the 16-bit
+#: backward's 16384 x 8 warps measured 88-90% by cp.async at 512K-2M against 95-96% for its
+#: neighbour in the table (session 20, H200).
+TMA_ONLY_CONFIGS = ((16384, 8, 3, 2, 2),)
+
+
+def tma_only(config) -> bool:
+    """Whether the table takes ``config`` only for rows that can take TMA loads."""
+    return config[2:5] in TMA_ONLY_RINGS or tuple(config[:5]) in TMA_ONLY_CONFIGS
+
 #: Most chunks one row can have (the partial words of a row are read as one block of at least
 #: WORDS_BLOCK, a power of two).
 MAX_PROGRAMS_PER_ROW = 2048
@@ -670,21 +690,44 @@ def available(*tensors: torch.Tensor) -> bool:
                for u in tensors)
 
 
-def staged_config(direction: str, elem: int, n: int, tma: bool = True) -> tuple:
+def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_shared: int | None = None) -> tuple:
     """The table's config for rows of ``n`` elements of ``elem`` bytes (see ``STAGED_CONFIG``);
-    without ``tma`` (rows that cannot take TMA loads), entries of a ring in ``TMA_ONLY_RINGS`` are
-    passed over."""
+    without ``tma`` (rows that cannot take TMA loads), entries that are ``tma_only`` are passed over,
+    and so are entries whose slots need more than ``max_shared`` bytes (a block's shared memory on
+    the device; None: no limit)."""
     return [config for shortest, config in STAGED_CONFIG[(direction, elem)]
-            if n >= shortest and (tma or config[2:5] not in TMA_ONLY_RINGS)][-1]
+            if n >= shortest and (tma or not tma_only(config))
+            and (max_shared is None or slot_bytes(direction, elem, config) <= max_shared)][-1]
+
+
+def slot_bytes(direction: str, elem: int, config) -> int:
+    """Shared memory of ``config``'s slots for elements of ``elem`` bytes, plus ``SLOT_SLACK`` for
+    the kernel's barriers and scratch (backward: slots for y and dy)."""
+    chunk, _, stages = config[:3]
+    return stages * chunk * elem * (2 if direction == "bwd" else 1) + SLOT_SLACK
+
+
+#: Bytes a staged launch takes beyond its slots (mbarriers, the reductions' scratch; ~600 B measured
+#: in session 15), rounded up.
+SLOT_SLACK = 4096
+
+
+@functools.lru_cache(maxsize=None)
+def block_shared_limit(index: int) -> int:
+    """Shared memory one block may take on CUDA device ``index`` (opt-in limit): 227 KB on sm_90,
+    163 KB on sm_80."""
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
 def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
-    """The table's config for (M, N) rows a, b (``staged_config``): a ring of ``TMA_ONLY_RINGS`` only
-    where these rows take TMA loads."""
+    """The table's config for (M, N) rows a, b (``staged_config``): a ``tma_only`` config only where
+    these rows take TMA loads, and slots only as large as a block's shared memory on their GPU."""
     elem, n = max(a.element_size(), b.element_size()), a.shape[1]
-    config = staged_config(direction, elem, n)
-    if config[2:5] in TMA_ONLY_RINGS and not (TMA_LOADS and tma_width(n, config[0], a, b)):
-        config = staged_config(direction, elem, n, tma=False)
+    limit = None if not a.is_cuda else block_shared_limit(a.device.index if a.device.index is not None
+                                                          else torch.cuda.current_device())
+    config = staged_config(direction, elem, n, max_shared=limit)
+    if tma_only(config) and not (TMA_LOADS and tma_width(n, config[0], a, b)):
+        config = staged_config(direction, elem, n, tma=False, max_shared=limit)
     return config
 
 
@@ -835,7 +878,7 @@ def memo(name: str, tensors, extra, build):
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
-             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(CLAIM_MAX_ROW_SHARE.items()),
+             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, TMA_ONLY_CONFIGS, SLOT_SLACK, tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
     plan = _PLANS.get(key, _PLANS)
