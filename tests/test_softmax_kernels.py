@@ -468,7 +468,8 @@ def test_staged_table_fits_and_checks_its_config_cpu():
         for i, (n, config) in enumerate(entries):
             # a length given twice: the later entry is TMA-only, the earlier one is for rows without TMA
             shadowed = i + 1 < len(entries) and entries[i + 1][0] == n
-            assert not shadowed or (S.tma_only(entries[i + 1][1]) and not S.tma_only(config))
+            assert not shadowed or (S.tma_only(direction, elem, entries[i + 1][1])
+                                    and not S.tma_only(direction, elem, config))
             assert S.staged_config(direction, elem, max(n, 1), tma=not shadowed) == config
             assert S.staged_config(direction, elem, max(n, 1), tma=not shadowed, max_shared=hopper) == config
             chunk, warps, stages, ahead, lag, tma_load = config
@@ -488,7 +489,7 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     # a ring the table takes only with TMA loads gives way to the entry before it where rows cannot
     for direction, elem in S.STAGED_CONFIG:
         for n in (1 << 16, 1 << 20, 1 << 21):
-            assert not S.tma_only(S.staged_config(direction, elem, n, tma=False))
+            assert not S.tma_only(direction, elem, S.staged_config(direction, elem, n, tma=False))
     assert S.staged_config("fwd", 4, 1 << 20)[2:5] in S.TMA_ONLY_RINGS
     rows = torch.randn(2, 1 << 20)  # CPU tensors take no TMA
     assert S.launch_config("fwd", rows, rows) == S.staged_config("fwd", 4, 1 << 20, tma=False)
@@ -659,7 +660,7 @@ def test_staged_tma_only_config_gpu(poisoned):
     for n in (1 << 20, (1 << 20) + 16):
         y, dy = softmax_pair(3, n, torch.bfloat16, "cuda")
         config = S.launch_config("bwd", y, dy)
-        assert S.tma_only(config) == (hopper and n % 64 == 0)
+        assert S.tma_only("bwd", 2, config) == (hopper and n % 64 == 0)
         check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
     assert F.sync_failures("cuda") == 0
 

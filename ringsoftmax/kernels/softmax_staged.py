@@ -100,16 +100,25 @@ except ImportError:  # pragma: no cover - older triton
 #: before it (8192 by cp.async: 95-96%; ``TMA_ONLY_CONFIGS``). Two entries may share a length only
 #: so: the later one TMA-only. Entries whose slots need more shared memory than a block gets on the
 #: device give way to the entry before them (``staged_config``'s ``max_shared``).
+#: Deep rings of one program per multiprocessor (7 slots of 32 KB, chunks twice as long as before;
+#: session 20, H200, two processes): fp32 forward (8192, 4 warps) 83.0 / 86.8 / 89.8 / 90.9-91.0% at
+#: 1.5M / 2M / 3M / 4M against 79.6-79.8 (lag 1) / 87.0 (lag 1) / 88.4 / 88.1-88.2 (lag 5, 4096 x 8);
+#: fp32 backward (4096, 4) 97.0 / 98.0 / 96.7-96.9 at 1.25M / 1.5M / 2M against 84.2 / 87.2 / 85.1
+#: (2048 by cp.async); 16-bit backward (8192, 4) 94.5-94.7 at 4M against 87.0-90.2, but 92.4-93.4
+#: at 2.5M-3M against 93.2-95.2 (kept there). All three by TMA only (cp.async rows keep the entries
+#: they had).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (4096, 8, 4, 1, 2, True)),
-                 (1048577, (8192, 4, 3, 1, 1, False)), (2097153, (4096, 8, 7, 1, 5, True))],
+                 (1048577, (8192, 4, 3, 1, 1, False)), (1048577, (8192, 4, 7, 1, 5, True)),
+                 (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (8192, 4, 7, 1, 5, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 1, True)),
                  (4194305, (8192, 4, 7, 1, 5, True))],
-    ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False))],
+    ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
+                 (1048577, (4096, 4, 7, 1, 5, True))],
     ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
                  (1048576, (8192, 4, 3, 2, 2, False)), (1048576, (16384, 8, 3, 2, 2, True)),
-                 (2097153, (4096, 4, 7, 1, 5, True))],
+                 (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (8192, 4, 7, 1, 5, True))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -157,15 +166,18 @@ RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + 2, 1, lag) for lag in range(2, 7))
 #: Rings the table takes only with TMA loads: the 4-slot ring by cp.async measured 87-89% of copy
 #: in the fp32 forward at 256K-1M, against 89-96% for lag 1 (session 14).
 TMA_ONLY_RINGS = ((4, 1, 2),)
-#: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads: the 16-bit
-#: backward's 16384 x 8 warps measured 88-90% by cp.async at 512K-2M against 95-96% for its
-#: neighbour in the table (session 20, H200).
-TMA_ONLY_CONFIGS = ((16384, 8, 3, 2, 2),)
+#: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads, by (direction,
+#: element size): the 16-bit backward's 16384 x 8 warps measured 88-90% by cp.async at 512K-2M
+#: against 95-96% for its neighbour in the table; the one-program deep rings were measured by TMA
+#: only (session 20, H200).
+TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5),), ("fwd", 2): (),
+                    ("bwd", 4): ((4096, 4, 7, 1, 5),), ("bwd", 2): ((16384, 8, 3, 2, 2), (8192, 4, 7, 1, 5))}
 
 
-def tma_only(config) -> bool:
-    """Whether the table takes ``config`` only for rows that can take TMA loads."""
-    return config[2:5] in TMA_ONLY_RINGS or tuple(config[:5]) in TMA_ONLY_CONFIGS
+def tma_only(direction: str, elem: int, config) -> bool:
+    """Whether the table takes ``config`` for (direction, element size) only on rows that can take
+    TMA loads."""
+    return config[2:5] in TMA_ONLY_RINGS or tuple(config[:5]) in TMA_ONLY_CONFIGS[direction, elem]
 
 #: Most chunks one row can have (the partial words of a row are read as one block of at least
 #: WORDS_BLOCK, a power of two).
@@ -696,7 +708,7 @@ def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_share
     and so are entries whose slots need more than ``max_shared`` bytes (a block's shared memory on
     the device; None: no limit)."""
     return [config for shortest, config in STAGED_CONFIG[(direction, elem)]
-            if n >= shortest and (tma or not tma_only(config))
+            if n >= shortest and (tma or not tma_only(direction, elem, config))
             and (max_shared is None or slot_bytes(direction, elem, config) <= max_shared)][-1]
 
 
@@ -708,8 +720,8 @@ def slot_bytes(direction: str, elem: int, config) -> int:
 
 
 #: Bytes a staged launch takes beyond its slots (mbarriers, the reductions' scratch; ~600 B measured
-#: in session 15), rounded up.
-SLOT_SLACK = 4096
+#: in session 15), rounded up: 7 slots of 32 KB plus this still fit a Hopper block's 227 KB.
+SLOT_SLACK = 2048
 
 
 @functools.lru_cache(maxsize=None)
@@ -726,7 +738,7 @@ def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
     limit = None if not a.is_cuda else block_shared_limit(a.device.index if a.device.index is not None
                                                           else torch.cuda.current_device())
     config = staged_config(direction, elem, n, max_shared=limit)
-    if tma_only(config) and not (TMA_LOADS and tma_width(n, config[0], a, b)):
+    if tma_only(direction, elem, config) and not (TMA_LOADS and tma_width(n, config[0], a, b)):
         config = staged_config(direction, elem, n, tma=False, max_shared=limit)
     return config
 
@@ -878,7 +890,7 @@ def memo(name: str, tensors, extra, build):
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
-             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, TMA_ONLY_CONFIGS, SLOT_SLACK, tuple(CLAIM_MAX_ROW_SHARE.items()),
+             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK, tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
     plan = _PLANS.get(key, _PLANS)
