@@ -26,20 +26,35 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
-def parse_args():
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a size or a count the demo cannot run with 0 or less of)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv=None):
     gpu = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqlen", type=int, default=16384 if gpu else 2048, help="global tokens per sequence")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=16 if gpu else 4)
-    p.add_argument("--kv-heads", type=int, default=8 if gpu else 2)
-    p.add_argument("--head-dim", type=int, default=128 if gpu else 64)
+    p.add_argument("--seqlen", type=positive_int, default=16384 if gpu else 2048, help="global tokens per sequence")
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--heads", type=positive_int, default=16 if gpu else 4)
+    p.add_argument("--kv-heads", type=positive_int, default=8 if gpu else 2)
+    p.add_argument("--head-dim", type=positive_int, default=128 if gpu else 64,
+                   help="1..256 on GPUs (the Triton kernels' limit)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16" if gpu else "float32")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--layout", choices=rs.layouts.LAYOUTS, default="zigzag")
-    p.add_argument("--iters", type=int, default=5 if gpu else 2, help="timed iterations")
+    p.add_argument("--iters", type=positive_int, default=5 if gpu else 2, help="timed iterations")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    if gpu and args.head_dim > 256:
+        p.error(f"argument --head-dim: must be at most 256 on GPUs (the Triton kernels' limit), got {args.head_dim}")
+    return args
 
 
 def setup():

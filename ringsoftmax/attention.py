@@ -10,12 +10,21 @@ import math
 
 import torch
 
-from .backend import attention_ops
-from .softmax import FLOAT_DTYPES
+from .backend import attention_ops, use_triton
+from .softmax import FLOAT_DTYPES, once_differentiable
+
+KERNEL_MAX_HEAD_DIM = 256  # the Triton kernels' limit (kernels/attention_fwd.check_problem)
+LOG2E = 1.4426950408889634  # the kernels scale scores by softmax_scale * log2(e), in float32
+MAX_SCALE = torch.finfo(torch.float32).max / LOG2E  # the largest softmax_scale that stays finite there
 
 
 def check_qkv(q, k, v, fn: str, packed: bool = False) -> None:
-    """Raise a clear error for q/k/v that don't form one attention problem."""
+    """Raise a clear error for q/k/v that don't form one attention problem.
+
+    head_dim must be >= 1; where the block runs on the Triton kernels (CUDA float16 / bfloat16 /
+    float32 tensors, or ``RINGSOFTMAX_BACKEND=triton``) also at most ``KERNEL_MAX_HEAD_DIM`` (256).
+    The plain-torch path (CPU, float64) has no upper limit; there is no silent fallback to it.
+    """
     want = 3 if packed else 4
     layout = "(total_tokens, heads, head_dim)" if packed else "(batch, seqlen, heads, head_dim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -35,17 +44,53 @@ def check_qkv(q, k, v, fn: str, packed: bool = False) -> None:
         raise ValueError(f"{fn}: q has batch {q.shape[0]} but k/v have batch {k.shape[0]}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"{fn}: q has head_dim {q.shape[-1]} but k/v have head_dim {k.shape[-1]}")
+    _check_head_dim(q, fn)
     heads, kv_heads = q.shape[-2], k.shape[-2]
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"{fn}: q's heads ({heads}) must be a multiple of k/v's heads ({kv_heads}) for GQA/MQA")
 
 
+def _check_head_dim(q: torch.Tensor, fn: str) -> None:
+    """Raise unless q's head_dim (already equal to k's) is one the backend running q can compute."""
+    head_dim = q.shape[-1]
+    if head_dim < 1:
+        raise ValueError(f"{fn}: head_dim must be >= 1, got q of shape {tuple(q.shape)}")
+    if head_dim > KERNEL_MAX_HEAD_DIM and use_triton(q):
+        raise ValueError(
+            f"{fn}: head_dim is {head_dim}, but the Triton attention kernels (CUDA float16 / bfloat16 / float32, "
+            f"or RINGSOFTMAX_BACKEND=triton) take head_dim 1..{KERNEL_MAX_HEAD_DIM}; use a smaller head_dim, "
+            "or float64 / CPU tensors, which run the plain-torch path without that limit")
+
+
+def check_causal(causal, fn: str) -> bool:
+    """``causal`` itself if it is a bool; a TypeError otherwise (a string such as "False" would be truthy)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"{fn}: causal must be a bool (True or False), got {type(causal).__name__} {causal!r}")
+    return causal
+
+
 def default_scale(q: torch.Tensor, softmax_scale):
-    """``softmax_scale`` or 1/sqrt(head_dim); raises ValueError unless it is positive and finite
-    (the kernels take the row maximum before scaling)."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+    """``softmax_scale`` as a float, or 1/sqrt(head_dim) when it is None.
+
+    Raises TypeError for a tensor that requires grad (it would get no gradient: the scale is a
+    constant of the kernels) or for something that is not a number, and ValueError unless the scale
+    is positive, finite, and at most ``MAX_SCALE``, so that scale * log2(e) is a finite float32 (the
+    kernels take the row maximum before scaling; kernels/attention_fwd.check_scale checks the same).
+    A 0-d tensor that does not require grad is read with ``float``.
+    """
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    if isinstance(softmax_scale, torch.Tensor) and softmax_scale.requires_grad:
+        raise TypeError("softmax_scale must be a Python number, got a tensor that requires grad: it would get no "
+                        "gradient (pass float(scale), or scale.detach() if it is meant to be a constant)")
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"softmax_scale must be a Python number or None, got {type(softmax_scale).__name__} "
+                        f"{softmax_scale!r}") from None
+    if not (math.isfinite(scale) and 0 < scale <= MAX_SCALE):
+        raise ValueError(f"softmax_scale must be a positive finite number at most {MAX_SCALE:.4g} (scale * log2(e) "
+                         f"must be a finite float32), got {softmax_scale!r}")
     return scale
 
 
@@ -61,6 +106,7 @@ class AttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable("attention")
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         ops = attention_ops(q)
@@ -76,37 +122,47 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def attention(q, k, v, causal: bool = False, softmax_scale=None):
-    """Softmax attention of one device's q against its k/v; differentiable.
+    """Softmax attention of one device's q against its k/v; differentiable once (a gradient taken
+    with ``create_graph=True`` raises if differentiated again).
 
     Args:
         q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, kv_heads, head_dim); one float
-            dtype and device. ``causal`` masks key j from query i when j > i (positions 0..S-1).
-        softmax_scale: multiplies q @ k^T; default 1/sqrt(head_dim).
+            dtype and device; head_dim >= 1, and at most 256 where the Triton kernels run (CUDA
+            float16 / bfloat16 / float32). ``causal`` (a bool) masks key j from query i when j > i
+            (positions 0..S-1).
+        softmax_scale: multiplies q @ k^T; a Python number (or a 0-d tensor that does not require
+            grad), positive and finite in float32; default 1/sqrt(head_dim).
     Returns:
         (out, lse): out like q; lse (batch, heads, seqlen_q) float32 (float64 for float64 input).
     """
     check_qkv(q, k, v, "attention")
-    block = dict(softmax_scale=default_scale(q, softmax_scale), causal=bool(causal))
+    block = dict(softmax_scale=default_scale(q, softmax_scale), causal=check_causal(causal, "attention"))
     return AttentionFunction.apply(q, k, v, block)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, causal: bool = False, softmax_scale=None):
-    """Attention over packed variable-length sequences; differentiable.
+    """Attention over packed variable-length sequences; differentiable once (see ``attention``).
 
     Args:
-        q: (total_q, heads, head_dim); k, v: (total_k, kv_heads, head_dim).
+        q: (total_q, heads, head_dim); k, v: (total_k, kv_heads, head_dim); head_dim as in ``attention``.
         cu_seqlens_q: int32 (nseq + 1,) cumulative sequence starts of q, from 0 to total_q;
-            cu_seqlens_k likewise for k/v (default: cu_seqlens_q). Tokens of different sequences never
-            attend to each other; ``causal`` counts positions from 0 within each sequence.
+            cu_seqlens_k likewise for k/v (default: cu_seqlens_q, which needs total_k == total_q).
+            Tokens of different sequences never attend to each other; ``causal`` (a bool) counts
+            positions from 0 within each sequence. ``softmax_scale`` as in ``attention``.
     Returns:
         (out, lse): out (total_q, heads, head_dim) like q; lse (heads, total_q) float32.
     """
-    check_qkv(q, k, v, "attention_varlen", packed=True)
+    fn = "attention_varlen"
+    check_qkv(q, k, v, fn, packed=True)
+    causal = check_causal(causal, fn)
+    if cu_seqlens_k is None and k.shape[0] != q.shape[0]:
+        raise ValueError(f"{fn}: cu_seqlens_k was not given, so cu_seqlens_q would be used for k/v too, but k has "
+                         f"{k.shape[0]} tokens and q has {q.shape[0]}: pass cu_seqlens_k")
     cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
     lens_q, lens_k = _check_cu_seqlens(cu_seqlens_q, q, "cu_seqlens_q"), _check_cu_seqlens(cu_k, k, "cu_seqlens_k")
     if len(lens_q) != len(lens_k):
         raise ValueError(f"attention_varlen: cu_seqlens_q has {len(lens_q)} sequences, cu_seqlens_k {len(lens_k)}")
-    block = dict(softmax_scale=default_scale(q, softmax_scale), causal=bool(causal),
+    block = dict(softmax_scale=default_scale(q, softmax_scale), causal=causal,
                  cu_seqlens_q=cu_seqlens_q.to(device=q.device, dtype=torch.int32),
                  cu_seqlens_k=cu_k.to(device=q.device, dtype=torch.int32),
                  max_seqlen_q=max(lens_q, default=0), max_seqlen_k=max(lens_k, default=0))

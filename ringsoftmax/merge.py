@@ -62,7 +62,14 @@ def _rows_to_out(w: torch.Tensor) -> torch.Tensor:
 
 
 def check_pair(out: torch.Tensor, lse: torch.Tensor, name: str) -> None:
-    """Raise if ``lse`` is not ``out``'s shape without head_dim, seqlen and heads swapped."""
+    """Raise unless ``out`` is a floating-point tensor and ``lse`` a float32 / float64 tensor of
+    ``out``'s shape without head_dim, seqlen and heads swapped."""
+    for arg, t in ((f"out_{name}", out), (f"lse_{name}", lse)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"merge: {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if not out.is_floating_point():
+        raise TypeError(f"merge: out_{name} must be a floating-point tensor (e.g. float16, bfloat16, float32, "
+                        f"float64), got {out.dtype}")
     if out.dim() < 3:
         raise ValueError(f"merge: out_{name} must be (..., seqlen, heads, head_dim), got shape {tuple(out.shape)}")
     want = (*out.shape[:-3], out.shape[-2], out.shape[-3])

@@ -137,8 +137,9 @@ def attention_fwd(q, k, v, *, softmax_scale, causal=False, q_offset=0, q_stride=
         s = _scores(qc, k[:, ksl].to(acc), softmax_scale, mask)
         blk_lse = torch.logsumexp(s, dim=-1)                                 # (B, Hkv, G, cq)
         p = torch.exp(s - _finite_or_zero(blk_lse).unsqueeze(-1))
-        blk_out = torch.einsum("bhgqk,bkhd->bqhgd", p, v[:, ksl].to(acc)).reshape(b, -1, h, d)
-        merge_(out[:, qsl], lse[:, :, qsl], blk_out, blk_lse.reshape(b, h, -1))
+        cq = qc.shape[1]  # explicit sizes, not -1: a reshape can't infer a size when batch or heads is 0
+        blk_out = torch.einsum("bhgqk,bkhd->bqhgd", p, v[:, ksl].to(acc)).reshape(b, cq, h, d)
+        merge_(out[:, qsl], lse[:, :, qsl], blk_out, blk_lse.reshape(b, h, cq))
     return out.to(out_dtype or q.dtype), lse
 
 
@@ -187,7 +188,7 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
         p = torch.exp(_scores(qc, kc, softmax_scale, mask) - lse_g[..., qsl].unsqueeze(-1))  # hidden: exp(-inf) = 0
         dv[:, ksl] += torch.einsum("bhgqk,bqhgd->bkhd", p, doc)
         ds = p * (torch.einsum("bqhgd,bkhd->bhgqk", doc, vc) - delta_g[..., qsl].unsqueeze(-1))
-        dq[:, qsl] += (torch.einsum("bhgqk,bkhd->bqhgd", ds, kc) * softmax_scale).reshape(b, -1, h, d)
+        dq[:, qsl] += (torch.einsum("bhgqk,bkhd->bqhgd", ds, kc) * softmax_scale).reshape(b, qc.shape[1], h, d)
         dk[:, ksl] += torch.einsum("bhgqk,bqhgd->bkhd", ds, qc) * softmax_scale
     return dq, dk, dv
 

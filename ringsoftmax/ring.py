@@ -11,18 +11,24 @@ lse, the lses are merged across ranks, and each rank normalizes its piece with t
 Backward all-reduces rowsum(dy * y).
 
 Before any exchange, the ranks agree on their arguments (one small all_gather): a rank with bad
-input, or ranks whose shards disagree, make every rank raise instead of leaving some waiting.
+input, or ranks whose shards disagree (or disagree on whether a gradient is needed, so that only
+some would run the backward), make every rank raise instead of leaving some waiting. Double
+backward is not supported and raises.
 """
 from __future__ import annotations
+
+import numbers
+import struct
+import zlib
 
 import torch
 import torch.distributed as dist
 
-from .attention import attention, check_qkv, default_scale
+from .attention import attention, check_causal, check_qkv, default_scale
 from .backend import attention_ops, softmax_ops
 from .layouts import LAYOUTS, Segment, check_layout, segments, split_error
 from .merge import NEG_INF, accum_dtype, merge_, merge_stats
-from .softmax import FLOAT_DTYPES, check_softmax_input, from_rows, softmax, to_rows
+from .softmax import check_softmax_input, from_rows, once_differentiable, softmax, to_rows
 
 INPUT_ERRORS = (TypeError, ValueError, IndexError)
 
@@ -70,21 +76,44 @@ def device_error(pg, t: torch.Tensor) -> str | None:
     return None
 
 
-FIELD_WIDTH = 8   # numbers per agreed field (a shape of up to 8 dims); each is sent with its length
+FIELD_WIDTH = 8   # values of a field sent as they are (a shape of up to 8 dims), for the error message;
+                  # each field also sends its true length and a checksum of all its values, so fields
+                  # of any length are compared whole
+_ROW = FIELD_WIDTH + 2
+# what a field may hold besides numbers: a layout or a dtype, sent as its index here
+_SYMBOLS = (*LAYOUTS, *sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
+
+
+def _encode(item) -> float:
+    """One value of a field as a float: a number as itself, a layout or dtype as its index in
+    ``_SYMBOLS``, anything else -1 (only a rejected input holds one, and then nothing is compared)."""
+    if isinstance(item, numbers.Real):
+        try:
+            return float(item) + 0.0                    # (+ 0.0: -0.0 and 0.0 get one checksum)
+        except (OverflowError, ValueError):
+            return -1.0
+    if isinstance(item, (str, torch.dtype)) and item in _SYMBOLS:
+        return float(_SYMBOLS.index(item))
+    return -1.0
 
 
 def _pack(fields: dict) -> list[float]:
-    """Flatten {name: tuple of numbers} into a fixed-width row (length first, then padded values)."""
+    """Flatten {name: tuple of values} into a fixed-width row: per field its length, a checksum of
+    all its values, and its first ``FIELD_WIDTH`` values (zero-padded)."""
     row = []
     for value in fields.values():
-        value = tuple(value)[:FIELD_WIDTH]
-        row += [float(len(value)), *map(float, value), *([0.0] * (FIELD_WIDTH - len(value)))]
+        vals = [_encode(v) for v in tuple(value)]
+        crc = zlib.crc32(struct.pack(f"<{len(vals)}d", *vals))
+        shown = vals[:FIELD_WIDTH]
+        row += [float(len(vals)), float(crc), *shown, *([0.0] * (FIELD_WIDTH - len(shown)))]
     return row
 
 
 def agree(pg, fields: dict, error: Exception | None, fn: str) -> None:
-    """All ranks exchange ``fields`` ({name: tuple of numbers}) and whether their input was rejected;
-    raise on every rank if any rank rejected its input or the fields differ between ranks.
+    """All ranks exchange ``fields`` ({name: tuple of numbers, layouts or dtypes}) and whether their
+    input was rejected; raise on every rank if any rank rejected its input or the fields differ
+    between ranks. Every rank must pass the same field names, in one order, even with an error
+    (the values of a rejected input may then be anything: they are sent, never compared).
     """
     world = dist.get_world_size(pg)
     row = torch.tensor([1.0 if error else 0.0, *_pack(fields)], dtype=torch.float64, device=_comm_device(pg))
@@ -97,29 +126,55 @@ def agree(pg, fields: dict, error: Exception | None, fn: str) -> None:
     if bad:
         raise RuntimeError(f"{fn}: rank(s) {bad} rejected their input (see their error); every rank stops here "
                            "so that none waits forever")
-    names = list(fields)
     for r in range(world):
         diff = (table[r] != table[0]).nonzero()
         if len(diff):
-            name = names[(int(diff[0]) - 1) // (FIELD_WIDTH + 1)]
-            raise ValueError(f"{fn}: ranks disagree on {name}: rank 0 has {_unpack(table[0], names, name)} and rank "
-                             f"{r} has {_unpack(table[r], names, name)}; every rank must pass matching arguments")
+            name = list(fields)[(int(diff[0]) - 1) // _ROW]
+            raise ValueError(f"{fn}: ranks disagree on {name}: rank 0 has {_unpack(table[0], fields, name)} and "
+                             f"rank {r} has {_unpack(table[r], fields, name)}{_own(pg, fields[name])}; every rank "
+                             "must pass matching arguments")
 
 
-def _unpack(row: torch.Tensor, names, name):
-    """The numbers of field ``name`` in a row made by ``_pack`` (after the leading error flag)."""
-    at = 1 + names.index(name) * (FIELD_WIDTH + 1)
+def _unpack(row: torch.Tensor, fields: dict, name: str) -> str:
+    """Field ``name`` of a row made by ``_pack`` (after the leading error flag), for a message; the
+    values are decoded as the kind of value (bool, layout, dtype, number) this rank has there."""
+    at = 1 + list(fields).index(name) * _ROW
     n = int(row[at])
-    vals = tuple(row[at + 1: at + 1 + n].tolist())
-    return tuple(int(v) if float(v).is_integer() else v for v in vals)
+    like = (*fields[name], None)[0]
+    vals = [_decode(v, like) for v in row[at + 2: at + 2 + min(n, FIELD_WIDTH)].tolist()]
+    if n > FIELD_WIDTH:
+        return f"({', '.join(map(repr, vals))}, ... {n} values)"
+    return repr(vals[0]) if n == 1 else repr(tuple(vals))
+
+
+def _decode(code: float, like):
+    if isinstance(like, bool) and code in (0.0, 1.0):
+        return bool(code)
+    if isinstance(like, (str, torch.dtype)) and 0 <= code < len(_SYMBOLS) and code.is_integer():
+        return _SYMBOLS[int(code)]
+    return int(code) if code.is_integer() else code
+
+
+def _own(pg, value) -> str:
+    """This rank's whole value of a field longer than the message shows, else ''."""
+    value = tuple(value)
+    return f" (this is rank {dist.get_rank(pg)}, whose value is {value})" if len(value) > FIELD_WIDTH else ""
 
 
 def _shape(t) -> tuple:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
 
 
-def _dtype_code(t) -> int:
-    return FLOAT_DTYPES.index(t.dtype) if isinstance(t, torch.Tensor) and t.dtype in FLOAT_DTYPES else -1
+def _dtype(t):
+    return t.dtype if isinstance(t, torch.Tensor) else None
+
+
+def _needs_grad(*tensors) -> bool:
+    """Whether autograd records a call on ``tensors``, so that every rank must run its backward."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+NEEDS_GRAD = "whether a gradient is needed (grad mode on and an input that requires grad)"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,16 +201,22 @@ def ring_loop(pg, travelling, step, returning=None):
     The next block is received while ``step`` computes on the current one, into one of two buffers
     that alternate. ``returning`` tensors (gradients of the travelling blocks) are filled by ``step``
     and then sent one rank on; after a full turn each is back at the owner of its block and is
-    returned. Every rank posts its sends and receives in the same order, so the ring cannot deadlock.
+    returned (``returning`` must be contiguous; ``travelling`` is made contiguous once, here). Every
+    rank posts its sends and receives in the same order, so the ring cannot deadlock. If ``step``
+    raises, the transfers already posted are completed before the error propagates.
     """
     rank, world = dist.get_rank(pg), dist.get_world_size(pg)
     nxt, prv = (rank + 1) % world, (rank - 1) % world
-    cur = list(travelling)
+    cur = [t.contiguous() for t in travelling]      # c10d sends only contiguous tensors: copy once, not per step
     bufs = [[torch.empty_like(t) for t in cur] for _ in range(2)] if world > 1 else []
     rbufs = [[torch.empty_like(t) for t in returning] for _ in range(2)] if returning is not None else []
     for i in range(world):
         pending = _exchange(pg, cur, bufs[i % 2], nxt, prv) if i + 1 < world else []
-        step((rank - i) % world, cur, returning)
+        try:
+            step((rank - i) % world, cur, returning)
+        except Exception:
+            _wait(pending)   # every rank posted this step's transfers: finish them, so that an error every
+            raise            # rank meets leaves no point-to-point op dangling in the group
         if returning is not None:
             _wait(_exchange(pg, returning, rbufs[i % 2], nxt, prv))
             returning = rbufs[i % 2]
@@ -206,13 +267,15 @@ class RingAttentionFunction(torch.autograd.Function):
                                          **_mask_args(qs, ks, causal, scale))
                 merge_(out[:, qs.local], lse[:, :, qs.local], o, l)
 
-        ring_loop(pg, [k, v], step)
+        if q.numel():       # (batch or heads 0: nothing to compute; the ranks' shapes agree, so all skip)
+            ring_loop(pg, [k, v], step)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring = ring
         return out
 
     @staticmethod
+    @once_differentiable("ring_attention")
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         pg, rank, world, layout, causal, scale = ctx.ring
@@ -231,17 +294,27 @@ class RingAttentionFunction(torch.autograd.Function):
                                   **_mask_args(qs, ks, causal, scale))
 
         zeros = [torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)]
-        dk, dv = ring_loop(pg, [k, v], step, returning=zeros)
+        dk, dv = ring_loop(pg, [k, v], step, returning=zeros) if q.numel() else zeros
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
+def check_ring_qkv(q, k, v, layout: str, fn: str) -> None:
+    """Raise a clear error for a layout or q/k/v shards the ring can't take (on one rank too)."""
+    check_layout(layout, fn)
+    check_qkv(q, k, v, fn)
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"{fn}: q has {q.shape[1]} tokens but k/v have {k.shape[1]}: ring shards of one sequence "
+                         "must have one length (use attention for q and k/v of different lengths)")
+
+
 def ring_attention(q, k, v, causal: bool = False, softmax_scale=None, group=None, layout: str = "zigzag"):
-    """Attention over a sequence sharded across the ranks of ``group``; differentiable.
+    """Attention over a sequence sharded across the ranks of ``group``; differentiable (first order).
 
     Args:
         q: (batch, shard_len, heads, head_dim), this rank's query shard; k, v: (batch, shard_len,
-            kv_heads, head_dim) with heads % kv_heads == 0. Every rank passes shards of one shape,
-            dtype and device type (CUDA with NCCL, CPU with gloo).
+            kv_heads, head_dim) with heads % kv_heads == 0, any strides. Every rank passes shards of
+            one shape, dtype and device type (CUDA with NCCL, CPU with gloo), and every rank or none
+            needs a gradient (grad mode on and an input that requires grad).
         causal: mask by global token position, as given by ``layout``.
         softmax_scale: default 1/sqrt(head_dim).
         group: ProcessGroup or 1-D DeviceMesh (default: the world). Without an initialized process
@@ -254,24 +327,22 @@ def ring_attention(q, k, v, causal: bool = False, softmax_scale=None, group=None
     fn = "ring_attention"
     pg, rank, world = group_rank_world(group, fn)
     if pg is None:
-        check_layout(layout, fn)
-        check_qkv(q, k, v, fn)
+        check_ring_qkv(q, k, v, layout, fn)
+        check_causal(causal, fn)
         return attention(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
     error = None
     try:
-        check_layout(layout, fn)
-        check_qkv(q, k, v, fn)
-        if q.shape[1] != k.shape[1]:
-            raise ValueError(f"{fn}: q has {q.shape[1]} tokens but k/v have {k.shape[1]}: ring shards of one sequence "
-                             "must have one length")
+        check_ring_qkv(q, k, v, layout, fn)
+        check_causal(causal, fn)
         problem = split_error(layout, q.shape[1] * world, world) or device_error(pg, q)
         if problem:
             raise ValueError(f"{fn}: {problem}")
         scale = default_scale(q, softmax_scale)
     except INPUT_ERRORS as e:
         error, scale = e, 0.0
-    fields = {"q's shape": _shape(q), "k's shape": _shape(k), "v's shape": _shape(v), "dtype": (_dtype_code(q),),
-              "causal": (bool(causal),), "layout": (LAYOUTS.index(layout) if layout in LAYOUTS else -1,), "softmax_scale": (scale,)}
+    fields = {"q's shape": _shape(q), "k's shape": _shape(k), "v's shape": _shape(v), "dtype": (_dtype(q),),
+              "causal": (bool(causal),), "layout": (layout,), "softmax_scale": (scale,),
+              NEEDS_GRAD: (_needs_grad(q, k, v),)}
     agree(pg, fields, error, fn)
     return RingAttentionFunction.apply(q, k, v, (pg, rank, world, layout, bool(causal), scale))
 
@@ -306,6 +377,7 @@ class RingSoftmaxFunction(torch.autograd.Function):
         return from_rows(y, x.shape, dim)
 
     @staticmethod
+    @once_differentiable("ring_softmax")
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
         dy_rows = to_rows(dy, ctx.dim)
@@ -317,13 +389,14 @@ class RingSoftmaxFunction(torch.autograd.Function):
 
 
 def ring_softmax(x_shard: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
-    """Softmax along ``dim`` of rows split over the ranks of ``group``; differentiable.
+    """Softmax along ``dim`` of rows split over the ranks of ``group``; differentiable (first order).
 
     Args:
         x_shard: this rank's piece of every row: any shape, float16 / bfloat16 / float32 / float64.
-            Pieces may differ in length along ``dim`` (even be empty); every other dim, the dtype
-            and ``dim`` must agree across ranks. Which tokens a rank holds does not matter.
-        dim: the dimension the rows run along.
+            Pieces may differ in length along ``dim`` (even be empty); every other dim, the dtype,
+            ``dim`` and whether a gradient is needed must agree across ranks. Which tokens a rank
+            holds does not matter.
+        dim: the dimension the rows run along (an int).
         group: ProcessGroup or 1-D DeviceMesh (default: the world). Without an initialized process
             group, or with one rank, this is ``softmax(x_shard, dim)``.
     Returns:
@@ -334,17 +407,16 @@ def ring_softmax(x_shard: torch.Tensor, dim: int = -1, group=None) -> torch.Tens
     pg, rank, world = group_rank_world(group, fn)
     if pg is None:
         return softmax(x_shard, dim)
-    error = None
+    error, shape = None, _shape(x_shard)
     try:
         dim = check_softmax_input(x_shard, dim, fn)
         problem = device_error(pg, x_shard)
         if problem:
             raise ValueError(f"{fn}: {problem}")
+        shape = shape[:dim] + (-1,) + shape[dim + 1:]       # the split dim may differ between ranks
     except INPUT_ERRORS as e:
         error = e
-    shape = list(_shape(x_shard))
-    if error is None:
-        shape[dim] = -1            # the split dim may differ between ranks
-    fields = {"x's shape (dim excluded)": tuple(shape), "dim": (dim,), "dtype": (_dtype_code(x_shard),)}
+    fields = {"x's shape (dim excluded)": shape, "dim": (dim,), "dtype": (_dtype(x_shard),),
+              NEEDS_GRAD: (_needs_grad(x_shard),)}
     agree(pg, fields, error, fn)
     return RingSoftmaxFunction.apply(x_shard, dim, pg)

@@ -5,9 +5,12 @@ that pair is the merge's identity, so empty shards and fully masked rows compose
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .backend import softmax_ops
+from .layouts import check_dim
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -18,12 +21,7 @@ def check_softmax_input(x: torch.Tensor, dim: int, fn: str) -> int:
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{fn}: x must be float16, bfloat16, float32 or float64, got {x.dtype}; cast it first")
-    if x.dim() == 0:
-        raise ValueError(f"{fn}: x must have at least one dimension, got a scalar")
-    if not -x.dim() <= dim < x.dim():
-        raise IndexError(f"{fn}: dim={dim} is out of range for a tensor of {x.dim()} dims "
-                         f"(use -{x.dim()} .. {x.dim() - 1})")
-    return dim % x.dim()
+    return check_dim(x, dim, fn)
 
 
 def to_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -56,6 +54,49 @@ def softmax_rows(x: torch.Tensor, dim: int, with_lse: bool):
     return from_rows(y, x.shape, dim), None if lse is None else lse.reshape(lse_shape(x, dim))
 
 
+class _DoubleBackwardError(torch.autograd.Function):
+    """(fn, grad, *anchors) -> grad: the identity on a gradient computed under ``create_graph=True``,
+    recorded as depending on ``anchors`` so that differentiating it towards them raises."""
+
+    @staticmethod
+    def forward(ctx, fn, grad, *anchors):
+        ctx.fn = fn
+        return grad.view_as(grad)
+
+    @staticmethod
+    def backward(ctx, _):
+        raise RuntimeError(
+            f"{ctx.fn}: double backward is not supported: the gradient of {ctx.fn} is not differentiable, so "
+            "a gradient taken with create_graph=True cannot be differentiated again (use torch's own ops where "
+            "higher-order gradients are needed)")
+
+
+def once_differentiable(fn: str):
+    """Decorator for the ``backward`` of an autograd Function of ``fn`` whose gradient is not itself
+    differentiable (the kernels and collectives are opaque to autograd).
+
+    The backward runs without recording a graph. Under ``create_graph=True`` every gradient it returns
+    goes through ``_DoubleBackwardError``, recorded as depending on the Function's saved tensors and
+    incoming gradients (whichever need grad), so differentiating it raises a RuntimeError naming
+    ``fn``; a gradient that is never differentiated again works as usual. Stricter than
+    ``torch.autograd.function.once_differentiable``, which marks the gradients only when an incoming
+    gradient requires grad, and then on a detached copy that ``torch.autograd.grad(..., inputs)``
+    never reaches: a gradient penalty's second derivative silently lacked this Function's terms.
+    """
+    def decorate(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            if not torch.is_grad_enabled():  # create_graph=False: nothing will differentiate the result
+                return backward(ctx, *grads)
+            with torch.no_grad():
+                result = backward(ctx, *grads)
+            anchors = [t for t in (*ctx.saved_tensors, *grads) if isinstance(t, torch.Tensor) and t.requires_grad]
+            return tuple(_DoubleBackwardError.apply(fn, g, *anchors) if isinstance(g, torch.Tensor) else g
+                         for g in result)
+        return wrapper
+    return decorate
+
+
 class SoftmaxFunction(torch.autograd.Function):
     """(x, dim, with_lse) -> (y, lse, or None without with_lse); backward dx = y * (dy - rowsum(dy * y) + dlse)."""
 
@@ -68,6 +109,7 @@ class SoftmaxFunction(torch.autograd.Function):
         return y, lse
 
     @staticmethod
+    @once_differentiable("softmax")
     def backward(ctx, dy, dlse):
         (y_out,) = ctx.saved_tensors
         y = to_rows(y_out, ctx.dim)
@@ -83,11 +125,12 @@ class SoftmaxFunction(torch.autograd.Function):
 
 
 def softmax_with_lse(x: torch.Tensor, dim: int = -1):
-    """Softmax along ``dim`` and the log-sum-exp of each row.
+    """Softmax along ``dim`` and the log-sum-exp of each row; differentiable once (a gradient taken
+    with ``create_graph=True`` raises if differentiated again).
 
     Args:
         x: any shape, float16 / bfloat16 / float32 / float64, CPU or CUDA.
-        dim: the dimension to normalize over.
+        dim: the dimension to normalize over, an int.
     Returns:
         (y, lse): y like x (same dtype); lse has x's shape without ``dim``, float32 (float64 for
         float64 input), natural log. An all ``-inf`` row gives y = 0 and lse = -inf.
@@ -97,7 +140,7 @@ def softmax_with_lse(x: torch.Tensor, dim: int = -1):
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax along ``dim`` (see ``softmax_with_lse``; lse is not written where that saves a store);
-    differentiable."""
+    differentiable once."""
     return _softmax(x, check_softmax_input(x, dim, "softmax"), False)[0]
 
 

@@ -371,7 +371,9 @@ def check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_s
     if k.shape[-1] != head_dim:
         raise ValueError(f"q head_dim {head_dim} != k head_dim {k.shape[-1]}")
     if head_dim > 256 or head_dim < 1:
-        raise ValueError(f"head_dim must be in 1..256, got {head_dim}")
+        raise ValueError(f"attention kernels (Triton): head_dim must be in 1..256, got {head_dim} (q of shape "
+                         f"{tuple(q.shape)}); the plain-torch path (ringsoftmax.reference: CPU tensors or float64) "
+                         "has no upper limit")
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
     d_pad = max(16, next_power_of_2(head_dim))
@@ -395,12 +397,18 @@ def check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_s
                     d_pad, True, cu_seqlens_q, cu_seqlens_k)
 
 
+# the largest softmax_scale whose scale * LOG2E is a finite float32 (attention.MAX_SCALE is the same bound)
+MAX_SCALE = torch.finfo(torch.float32).max / LOG2E
+
+
 def check_scale(softmax_scale) -> float:
-    """``softmax_scale`` as a float; raises ValueError unless positive and finite (the kernels take
-    each row's maximum score before scaling it)."""
+    """``softmax_scale`` as a float; raises ValueError unless positive, finite, and at most
+    ``MAX_SCALE``, so that the kernels' ``scale * LOG2E`` is a finite float32 (they take each row's
+    maximum score before scaling it). The public functions check the same in ``attention.default_scale``."""
     scale = float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+    if not (math.isfinite(scale) and 0 < scale <= MAX_SCALE):
+        raise ValueError(f"softmax_scale must be a positive finite number at most {MAX_SCALE:.4g} (scale * log2(e) "
+                         f"must be a finite float32), got {softmax_scale!r}")
     return scale
 
 
