@@ -149,7 +149,8 @@ def _ring_checks(rank, world, g):
     inp = [t.clone().requires_grad_() for t in (q, k, v)]
     out = rs.ring_attention(*inp, causal=True, group=g)
     gq = torch.autograd.grad((out * out).sum(), inp[0], create_graph=True)[0]
-    _expect(RuntimeError, "ring_attention: double backward is not supported", torch.autograd.grad, gq.pow(2).sum(), inp[0])
+    _expect(RuntimeError, "ring_attention: double backward is not supported",
+            torch.autograd.grad, gq.pow(2).sum(), inp[0])
     xs = x.clone().requires_grad_()
     gx = torch.autograd.grad((rs.ring_softmax(xs, dim=1, group=g) ** 2).sum(), xs, create_graph=True)[0]
     _expect(RuntimeError, "ring_softmax: double backward is not supported", torch.autograd.grad, gx.pow(2).sum(), xs)

@@ -890,7 +890,8 @@ def memo(name: str, tensors, extra, build):
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
-             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK, tuple(CLAIM_MAX_ROW_SHARE.items()),
+             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
+             tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
     plan = _PLANS.get(key, _PLANS)
