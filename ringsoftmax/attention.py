@@ -11,11 +11,10 @@ import math
 import torch
 
 from .backend import attention_ops, use_triton
+from .kernels.hostmath import MAX_SCALE, check_scale  # (plain Python, no triton)
 from .softmax import FLOAT_DTYPES, once_differentiable
 
 KERNEL_MAX_HEAD_DIM = 256  # the Triton kernels' limit (kernels/attention_fwd.check_problem)
-LOG2E = 1.4426950408889634  # the kernels scale scores by softmax_scale * log2(e), in float32
-MAX_SCALE = torch.finfo(torch.float32).max / LOG2E  # the largest softmax_scale that stays finite there
 
 
 def check_qkv(q, k, v, fn: str, packed: bool = False) -> None:
@@ -74,8 +73,8 @@ def default_scale(q: torch.Tensor, softmax_scale):
 
     Raises TypeError for a tensor that requires grad (it would get no gradient: the scale is a
     constant of the kernels) or for something that is not a number, and ValueError unless the scale
-    is positive, finite, and at most ``MAX_SCALE``, so that scale * log2(e) is a finite float32 (the
-    kernels take the row maximum before scaling; kernels/attention_fwd.check_scale checks the same).
+    is positive, finite, and at most ``MAX_SCALE``, so that scale * log2(e) is a finite float32
+    (``kernels.hostmath.check_scale``, which the kernels' launchers call too).
     A 0-d tensor that does not require grad is read with ``float``.
     """
     if softmax_scale is None:
@@ -84,14 +83,11 @@ def default_scale(q: torch.Tensor, softmax_scale):
         raise TypeError("softmax_scale must be a Python number, got a tensor that requires grad: it would get no "
                         "gradient (pass float(scale), or scale.detach() if it is meant to be a constant)")
     try:
-        scale = float(softmax_scale)
+        float(softmax_scale)
     except (TypeError, ValueError):
         raise TypeError(f"softmax_scale must be a Python number or None, got {type(softmax_scale).__name__} "
                         f"{softmax_scale!r}") from None
-    if not (math.isfinite(scale) and 0 < scale <= MAX_SCALE):
-        raise ValueError(f"softmax_scale must be a positive finite number at most {MAX_SCALE:.4g} (scale * log2(e) "
-                         f"must be a finite float32), got {softmax_scale!r}")
-    return scale
+    return check_scale(softmax_scale)
 
 
 class AttentionFunction(torch.autograd.Function):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -28,9 +27,8 @@ from triton.runtime.errors import OutOfResources
 
 from . import attention_config as config
 from . import attention_fwd_gluon as gluon_fwd
-from .hostmath import cdiv, next_power_of_2
+from .hostmath import LOG2E, cdiv, check_scale, next_power_of_2
 
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
@@ -395,21 +393,6 @@ def check_problem(q, k, v, q_stride, k_stride, cu_seqlens_q, cu_seqlens_k, max_s
         max_seqlen_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
     return _Problem(cu_seqlens_q.numel() - 1, int(max_seqlen_q), int(max_seqlen_k), heads, kv_heads, head_dim,
                     d_pad, True, cu_seqlens_q, cu_seqlens_k)
-
-
-# the largest softmax_scale whose scale * LOG2E is a finite float32 (attention.MAX_SCALE is the same bound)
-MAX_SCALE = torch.finfo(torch.float32).max / LOG2E
-
-
-def check_scale(softmax_scale) -> float:
-    """``softmax_scale`` as a float; raises ValueError unless positive, finite, and at most
-    ``MAX_SCALE``, so that the kernels' ``scale * LOG2E`` is a finite float32 (they take each row's
-    maximum score before scaling it). The public functions check the same in ``attention.default_scale``."""
-    scale = float(softmax_scale)
-    if not (math.isfinite(scale) and 0 < scale <= MAX_SCALE):
-        raise ValueError(f"softmax_scale must be a positive finite number at most {MAX_SCALE:.4g} (scale * log2(e) "
-                         f"must be a finite float32), got {softmax_scale!r}")
-    return scale
 
 
 def dot_precision(dtype: torch.dtype) -> str:
