@@ -490,7 +490,7 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     for direction, elem in S.STAGED_CONFIG:
         for n in (1 << 16, 1 << 20, 1 << 21):
             assert not S.tma_only(direction, elem, S.staged_config(direction, elem, n, tma=False))
-    assert S.staged_config("fwd", 4, 1 << 20)[2:5] in S.TMA_ONLY_RINGS
+    assert S.tma_only("fwd", 4, S.staged_config("fwd", 4, 1 << 20))
     rows = torch.randn(2, 1 << 20)  # CPU tensors take no TMA
     assert S.launch_config("fwd", rows, rows) == S.staged_config("fwd", 4, 1 << 20, tma=False)
     for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 1, 2), (4, 2, 2), (4, 1, 1), (9, 1, 7), (6, 2, 3)):
@@ -672,8 +672,8 @@ def test_staged_tma_only_ring_gpu(poisoned):
     hopper = torch.cuda.get_device_capability()[0] >= 9
     for n in (1 << 20, (1 << 20) - 2):
         x = make_x(3, n, torch.float32, "cuda", scale=30.0)
-        ring = S.launch_config("fwd", x, x)[2:5]
-        assert (ring in S.TMA_ONLY_RINGS) == (hopper and n % 4 == 0)
+        config = S.launch_config("fwd", x, x)
+        assert S.tma_only("fwd", 4, config) == (hopper and n % 4 == 0)
         y, lse = F.softmax_fwd(x)
         check_fwd(x, y, lse, TOL[torch.float32])
     assert F.sync_failures("cuda") == 0

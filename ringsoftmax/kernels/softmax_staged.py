@@ -163,21 +163,19 @@ CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25,
 #: the resident programs L - 1 times (``CLAIM_MAX_ROW_SHARE``, ``capacity``): the deep rings
 #: (L >= 3) keep rows on chip that the GPU's programs hold only a few chunks each of.
 RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + 2, 1, lag) for lag in range(2, 7))
-#: Rings the table takes only with TMA loads: the 4-slot ring by cp.async measured 87-89% of copy
-#: in the fp32 forward at 256K-1M, against 89-96% for lag 1 (session 14).
-TMA_ONLY_RINGS = ((4, 1, 2),)
 #: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads, by (direction,
-#: element size): the 16-bit backward's 16384 x 8 warps measured 88-90% by cp.async at 512K-2M
-#: against 95-96% for its neighbour in the table; the one-program deep rings were measured by TMA
-#: only (session 20, H200).
-TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5),), ("fwd", 2): (),
+#: element size): the 4-slot ring by cp.async measured 87-89% of copy in the fp32 forward at
+#: 256K-1M, against 89-96% for lag 1 (session 14); the 16-bit backward's 16384 x 8 warps 88-90% at
+#: 512K-2M against 95-96% for its neighbour in the table; the one-program deep rings were measured
+#: by TMA only (session 20, H200).
+TMA_ONLY_CONFIGS = {("fwd", 4): ((4096, 8, 4, 1, 2), (8192, 4, 7, 1, 5)), ("fwd", 2): ((8192, 4, 4, 1, 2),),
                     ("bwd", 4): ((4096, 4, 7, 1, 5),), ("bwd", 2): ((16384, 8, 3, 2, 2), (8192, 4, 7, 1, 5))}
 
 
 def tma_only(direction: str, elem: int, config) -> bool:
     """Whether the table takes ``config`` for (direction, element size) only on rows that can take
     TMA loads."""
-    return config[2:5] in TMA_ONLY_RINGS or tuple(config[:5]) in TMA_ONLY_CONFIGS[direction, elem]
+    return tuple(config[:5]) in TMA_ONLY_CONFIGS[direction, elem]
 
 #: Most chunks one row can have (the partial words of a row are read as one block of at least
 #: WORDS_BLOCK, a power of two).
@@ -890,7 +888,7 @@ def memo(name: str, tensors, extra, build):
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
-             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
+             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
              tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
