@@ -267,8 +267,7 @@ class RingAttentionFunction(torch.autograd.Function):
                                          **_mask_args(qs, ks, causal, scale))
                 merge_(out[:, qs.local], lse[:, :, qs.local], o, l)
 
-        if q.numel():       # (batch or heads 0: nothing to compute; the ranks' shapes agree, so all skip)
-            ring_loop(pg, [k, v], step)
+        ring_loop(pg, [k, v], step)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring = ring
@@ -294,7 +293,7 @@ class RingAttentionFunction(torch.autograd.Function):
                                   **_mask_args(qs, ks, causal, scale))
 
         zeros = [torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)]
-        dk, dv = ring_loop(pg, [k, v], step, returning=zeros) if q.numel() else zeros
+        dk, dv = ring_loop(pg, [k, v], step, returning=zeros)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
