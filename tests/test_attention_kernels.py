@@ -655,6 +655,77 @@ def test_gpu_gluon_forward(monkeypatch, dtype, D, H, Hkv):
     assert len(seen) == expect + 2 + len(masks)
 
 
+def test_gluon_dkdv_table(monkeypatch):
+    """The Gluon dK/dV kernel: Hopper 16-bit D=64 and 128; off for float32, on the CPU, on other GPUs
+    and under any override of the Triton dK/dV kernel's tiles or modes, unless asked for. What it
+    computes (16-bit, D 64 or 128, unit position strides if causal), and lse/delta rows it reads as
+    they are when 16-byte aligned, else as a copy padded with zeros to a multiple of 4."""
+    from ringsoftmax.kernels import attention_bwd_gluon as gluon_bwd
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(attention_config, "cuda_major", lambda device: 9)
+    dkdv_gluon = attention_config.dkdv_gluon
+    assert dkdv_gluon(cuda, 128, torch.bfloat16, True) and dkdv_gluon(cuda, 64, torch.float16, False)
+    assert not dkdv_gluon(cuda, 256, torch.bfloat16, False) and not dkdv_gluon(cuda, 128, torch.float32, False)
+    assert not dkdv_gluon(cpu, 128, torch.bfloat16, False)
+    for mode in ("tma+ws", "separate", "atomic", "tma"):
+        with attention_config.override(**MODES[mode]):
+            assert not dkdv_gluon(cuda, 128, torch.bfloat16, False), mode
+    with attention_config.override(dkdv=attention_config.Tile(32, 64, 4, 2)):
+        assert not dkdv_gluon(cuda, 64, torch.bfloat16, False)
+    with attention_config.override(dkdv_gluon=False):
+        assert not dkdv_gluon(cuda, 128, torch.bfloat16, False)
+    with attention_config.override(fwd_gluon=True):   # the forward's switch leaves it on
+        assert dkdv_gluon(cuda, 128, torch.bfloat16, False)
+    monkeypatch.setattr(attention_config, "cuda_major", lambda device: 8)
+    assert not dkdv_gluon(cuda, 128, torch.bfloat16, False)
+    q = torch.empty(1, 8, 2, 128, dtype=torch.bfloat16)
+    assert gluon_bwd.supports(q, 128, True, 1, 1) and gluon_bwd.supports(q, 64, False, 3, 2)
+    assert not gluon_bwd.supports(q, 96, False, 1, 1) and not gluon_bwd.supports(q, 128, True, 4, 4)
+    assert not gluon_bwd.supports(q.float(), 128, False, 1, 1)
+    aligned = torch.randn(2, 3, 8)
+    assert gluon_bwd.tma_rows(aligned)[0] is aligned and gluon_bwd.tma_rows(aligned)[1] == 8
+    for x in (torch.randn(2, 3, 7), torch.randn(2, 3, 10)[..., 1:9], torch.randn(3, 2, 8).transpose(0, 1)):
+        rows, row = gluon_bwd.tma_rows(x)
+        assert row % 4 == 0 and rows.is_contiguous() and rows.shape == (*x.shape[:2], row)
+        assert torch.equal(rows[..., :x.shape[2]], x) and not rows[..., x.shape[2]:].any()
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,D,H,Hkv", [(torch.bfloat16, 128, 8, 2), (torch.bfloat16, 64, 4, 4),
+                                           (torch.float16, 128, 4, 1), (torch.float16, 64, 8, 1)])
+def test_gpu_gluon_dkdv(monkeypatch, dtype, D, H, Hkv):
+    """The Gluon dK/dV kernel (Hopper, the default there) on odd lengths (lse rows not 16-byte
+    aligned), every unit-stride ring-step mask (rows with no visible key, blocks with nothing
+    visible), GQA, gradients written fresh and added into buffers; the stripe masks go to the Triton
+    kernel. Against float64, and bit for bit the plain Triton kernel's dK/dV (same tiles, same order
+    of additions); 16-bit gradients are the float32 ones rounded once."""
+    from ringsoftmax.kernels import attention_bwd_gluon as gluon_bwd
+    seen, real = [], gluon_bwd.launch
+    monkeypatch.setattr(gluon_bwd, "launch", lambda *a, **kw: (seen.append(kw["causal"]), real(*a, **kw)))
+    dev = torch.device("cuda")
+    expect = 0
+    for i, (Sq, Sk) in enumerate(((301, 517), (1000, 256), (128, 1), (77, 3000), (4100, 4100))):
+        for causal, q_pos, k_pos in gpu_masks(Sq, Sk):
+            run_and_check(2, Sq, Sk, H, Hkv, D, dtype, dev, causal, q_pos, k_pos, mode={}, accumulate=i % 2 == 1)
+            expect += q_pos[1] == 1
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    assert len(seen) == (expect if hopper else 0) and (not hopper or (True in seen and False in seen))
+    q = rand(2, 1003, H, D, dtype=dtype, device=dev, scale=1.5)
+    k, v = (rand(2, 700, Hkv, D, dtype=dtype, device=dev, scale=1.5) for _ in range(2))
+    dout = rand(2, 1003, H, D, dtype=dtype, device=dev)
+    for causal, q_pos, k_pos in gpu_masks(1003, 700)[:5]:
+        kw = dict(softmax_scale=D ** -0.5, causal=causal, q_offset=q_pos[0], k_offset=k_pos[0])
+        out, lse = attention_fwd(q, k, v, **kw)
+        delta = attention_delta(out, dout)
+        grads = attention_bwd(q, k, v, out, dout, lse, delta, **kw)
+        with attention_config.override(dkdv_gluon=False, dkdv_warp_spec=False):
+            plain = attention_bwd(q, k, v, out, dout, lse, delta, **kw)
+        assert torch.equal(grads[1], plain[1]) and torch.equal(grads[2], plain[2]), (causal, q_pos, k_pos)
+        narrow = attention_bwd(q, k, v, out, dout, lse, delta, grad_dtype=dtype, **kw)
+        assert torch.equal(narrow[1], grads[1].to(dtype)) and torch.equal(narrow[2], grads[2].to(dtype))
+
+
 @gpu
 @needs_cuda
 def test_gpu_gluon_repeatable():

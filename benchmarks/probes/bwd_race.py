@@ -7,7 +7,8 @@ Run on a GPU:  python3 benchmarks/probes/bwd_race.py [--repeats 1500] [--dims 12
 The ring adds each block pair's dK/dV and dQ into float32 buffers. In triton 3.6 the warp-specialized
 dK/dV kernel raced (NaN in repeated ring replays: adding into the caller's buffer in session 5, and
 still, more rarely, into fresh buffers in session 20). Modes: ``library`` (the table as it is),
-``ws-dkdv`` / ``plain-dkdv`` (the dK/dV kernel forced warp-specialized / plain), ``ws`` / ``plain``
+``ws-dkdv`` / ``plain-dkdv`` (the dK/dV kernel forced warp-specialized / plain), ``gluon-dkdv``
+(the Gluon dK/dV kernel, ``attention_bwd_gluon``), ``ws`` / ``plain``
 (both backward kernels). Pairs as tests/test_attention_kernels.py's ``test_gpu_ring_pairs_repeatable``:
 4K x 4K, bf16, GQA 16/8, causal, given as q_offset:k_offset (4096:0: every key visible; 0:0 the
 diagonal). Prints counts per (D, pair, mode) and the seconds each mode's loop took.
@@ -24,6 +25,7 @@ from ringsoftmax.kernels.attention_bwd import attention_bwd, attention_delta
 from ringsoftmax.kernels.attention_fwd import attention_fwd
 
 MODES = {"library": {}, "ws-dkdv": dict(dkdv_warp_spec=True), "plain-dkdv": dict(dkdv_warp_spec=False),
+         "gluon-dkdv": dict(dkdv_gluon=True),
          "ws": dict(bwd_warp_spec=True), "plain": dict(bwd_warp_spec=False)}
 
 

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import attention_bwd_gluon as gluon_bwd
 from . import attention_config as config
 from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, check_scale,
                             descriptor_scratch, dot_precision, launch, launch_split, tma_ready, unit_last_stride)
@@ -521,21 +522,28 @@ def attention_bwd(q, k, v, out, dout, lse, delta, *, softmax_scale, causal=False
     # the warp-specialized kernels where the table says so and the inputs allow it
     shorter = min(prob.max_q, prob.max_k)
     ready = not atomic and warp_spec_ready(prob, q, k, v, dout, lse, delta)
+    gluon_dkdv = (not atomic and config.dkdv_gluon(q.device, prob.d_pad, q.dtype, causal)
+                  and gluon_dkdv_ready(prob, q, k, v, dout, causal, q_stride, k_stride))
     ws_dkdv, ws_dq = (ready and config.bwd_warp_spec(name, q.device, prob.d_pad, q.dtype, causal, shorter)
                       for name in ("dkdv", "dq"))
+    ws_dkdv = ws_dkdv and not gluon_dkdv
 
-    with descriptor_scratch() if ws_dkdv or ws_dq else contextlib.nullcontext():
-        # dK, dV (and, by atomics, dQ) per key tile. The warp-specialized kernel writes fresh buffers
-        # that are added afterwards: adding into the caller's inside it raced (NaN in ring replays)
+    with descriptor_scratch() if ws_dkdv or ws_dq or gluon_dkdv else contextlib.nullcontext():
+        # dK, dV (and, by atomics, dQ) per key tile. The warp-specialized Triton kernel writes fresh
+        # buffers that are added afterwards: adding into the caller's inside it raced (NaN in ring replays)
         fresh = ws_dkdv and acc_k
         dk_k, dv_k = (torch.empty(dk.shape, dtype=torch.float32, device=dk.device) for _ in range(2)) if fresh \
             else (dk, dv)
-        grid = lambda t: (cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
-        args = (q, k, v, dout, lse, delta, dk_k, dv_k, dq, cu_q, cu_k, *common, *prob.strides(dk_k),
-                *prob.strides(dv_k), *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
-        _launch_either(_attn_bwd_dkdv_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_k and not fresh,
-                                                                DQ_ATOMIC=atomic, SPLIT_TAIL=split_tail),
-                       "dkdv", ws_dkdv, q.device, prob.d_pad, q.dtype, causal, (atomic, split_tail) + key)
+        if gluon_dkdv:
+            gluon_bwd.launch(q, k, v, dout, lse, delta, dk, dv, qk_scale=scale * LOG2E, softmax_scale=scale,
+                             causal=causal, delta_pos=int(q_offset) - int(k_offset), accumulate=acc_k)
+        else:
+            grid = lambda t: (cdiv(prob.max_k, t.block_n), prob.batch * prob.kv_heads)  # noqa: E731
+            args = (q, k, v, dout, lse, delta, dk_k, dv_k, dq, cu_q, cu_k, *common, *prob.strides(dk_k),
+                    *prob.strides(dv_k), *prob.strides(dq), prob.max_q, prob.max_k, prob.kv_heads, group, *scalars)
+            _launch_either(_attn_bwd_dkdv_kernel, grid, args, dict(kwargs, ACCUMULATE=acc_k and not fresh,
+                                                                    DQ_ATOMIC=atomic, SPLIT_TAIL=split_tail),
+                           "dkdv", ws_dkdv, q.device, prob.d_pad, q.dtype, causal, (atomic, split_tail) + key)
         if fresh:
             dk.add_(dk_k)
             dv.add_(dv_k)
@@ -559,6 +567,13 @@ def _launch_either(kernel, grid, args: tuple, kwargs: dict, name: str, warp_spec
     ws_tile = config.tile_for(name + "_ws", device, d_pad, dtype, causal)
     if not (warp_spec and launch_split(kernel, grid, args, kwargs, ws_tile, None, {}, tile, (name,) + key)):
         launch(kernel, grid, args, kwargs, tile, (name,) + key)
+
+
+def gluon_dkdv_ready(prob, q, k, v, dout, causal: bool, q_stride: int, k_stride: int) -> bool:
+    """Whether the Gluon dK/dV kernel (``attention_bwd_gluon``) computes this block pair: a Hopper GPU,
+    dense 16-bit inputs, head dim 64 or 128, TMA-ready q/k/v/dout, unit position strides if causal."""
+    return (q.is_cuda and gluon_bwd.gluon is not None and config.cuda_major(q.device) == 9 and not prob.varlen
+            and gluon_bwd.supports(q, prob.head_dim, causal, q_stride, k_stride) and tma_ready(prob, q, k, v, dout))
 
 
 def warp_spec_ready(prob, q, k, v, dout, lse, delta) -> bool:

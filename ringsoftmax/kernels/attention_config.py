@@ -142,6 +142,15 @@ _TRITON_FWD_MODES = ("fwd", "fwd_ws", "fwd_tma", "fwd_warp_spec", "fwd_persisten
 # logs/2026-11-22-h200-s20-bwd-race*.log). So dK/dV runs plain until the race is understood, at a
 # cost of ~15% of the D=128 backward; dQ stays warp-specialized (no bad dQ in any run).
 _SM90_BWD_WARP_SPEC: dict[str, dict[int, int]] = {"dkdv": {}, "dq": {128: 0}}
+# Padded head dims for which the Hopper backward computes dK/dV with the Gluon kernel
+# (``attention_bwd_gluon``: warp-specialized by hand, every hand-over an mbarrier of its own), where
+# it supports the problem. Session 21, H100, bf16, 16 heads, B*S = 32K, 4K-32K tokens, the whole
+# backward (logs/2026-11-23-h100-s21-bwd-gluon.log): D=128 453-475 TFLOP/s full and 390-475 causal
+# against 379-387 and 326-396 with dK/dV plain (the Triton warp-specialized kernel: 435-456, 367-454);
+# D=64 362-385 and 321-392 against 325-338 and 305-351. No bad gradient in 4000 ring-pair repeats.
+_SM90_DKDV_GLUON: set[int] = {64, 128}
+# Overrides that ask for a particular Triton dK/dV kernel (tests, probes): they turn the Gluon one off.
+_TRITON_DKDV_MODES = ("dkdv", "dkdv_ws", "dq_atomic", "dkdv_split_tail", "bwd_warp_spec", "dkdv_warp_spec")
 
 _OVERRIDE: dict = {}
 
@@ -217,6 +226,17 @@ def bwd_warp_spec(kernel: str, device: torch.device, head_dim_pad: int, dtype: t
     return min_len is not None and seqlen >= min_len and _sm90_flag("", {head_dim_pad}, device, head_dim_pad, dtype)
 
 
+def dkdv_gluon(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the backward computes dK/dV with the Gluon kernel, where it supports the problem
+    (``attention_bwd.gluon_dkdv_ready``). Override: ``dkdv_gluon``; overriding any of the Triton
+    dK/dV kernel's tiles or modes turns it off, so that those overrides reach the Triton kernel."""
+    if "dkdv_gluon" in _OVERRIDE:
+        return _sm90_flag("dkdv_gluon", (), device, head_dim_pad, dtype)
+    if any(mode in _OVERRIDE for mode in _TRITON_DKDV_MODES):
+        return False
+    return _sm90_flag("", _SM90_DKDV_GLUON, device, head_dim_pad, dtype)
+
+
 def fwd_persistent(device: torch.device, head_dim_pad: int, dtype: torch.dtype, causal: bool, n_keys: int) -> bool:
     """Whether the warp-specialized forward runs persistent on a block of ``n_keys`` keys (it also
     runs warp-specialized where fwd_warp_spec says not, e.g. D=64). Override: ``fwd_persistent``;
@@ -252,12 +272,12 @@ def fwd_resume_min_keys(device: torch.device) -> int:
 def override(**tiles):
     """Use the given tiles (``fwd=``, ``fwd_ws=``, ``dkdv=``, ``dq=``, ``dkdv_ws=``, ``dq_ws=``: Tile) or
     modes (``dq_atomic=``, ``dkdv_split_tail=``, ``fwd_tma=``, ``fwd_warp_spec=``, ``fwd_persistent=``,
-    ``fwd_gluon=``, ``bwd_warp_spec=``: bool;
+    ``fwd_gluon=``, ``bwd_warp_spec=``, ``dkdv_gluon=``: bool;
     ``fwd_resume_min_keys=``: int; ``dkdv_warp_spec=``, ``dq_warp_spec=``: bool, each backward kernel
     alone) instead of the table, e.g. to tune or to test every mode."""
     unknown = set(tiles) - {"fwd", "fwd_ws", "dkdv", "dq", "dkdv_ws", "dq_ws", "dq_atomic", "dkdv_split_tail",
                             "fwd_tma", "fwd_warp_spec", "fwd_persistent", "fwd_gluon", "fwd_resume_min_keys",
-                            "bwd_warp_spec", "dkdv_warp_spec", "dq_warp_spec"}
+                            "bwd_warp_spec", "dkdv_warp_spec", "dq_warp_spec", "dkdv_gluon"}
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}")
     saved = dict(_OVERRIDE)
