@@ -18,7 +18,10 @@ WARP_SPEC: every visible tile in one loop that Triton splits into a TMA-load war
 groups, loads through tensor descriptors (rows past the end read 0 and add 0), every tile masked
 (a branch in the loop would turn the splitting off), at head dim 128. The warp-specialized dK/dV
 kernel never adds into the caller's buffers itself: in triton 3.6 that raced (NaN in repeated ring
-replays); it writes fresh ones, added afterwards.
+replays); it writes fresh ones, added afterwards, and still raced (about 1 in 1000 calls), so it
+runs only when asked for. On Hopper dK/dV of 16-bit dense blocks at head dim 64 or 128 come from a
+Gluon kernel instead (``attention_bwd_gluon``, ``attention_config.dkdv_gluon``), warp-specialized by
+hand with its own mbarriers, adding into the caller's buffers in its epilogue.
 Gradients are float32 and are added into caller-given buffers, which may be strided views (the
 ring accumulates dK/dV as they travel).
 """
