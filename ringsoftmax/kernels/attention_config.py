@@ -139,8 +139,8 @@ _TRITON_FWD_MODES = ("fwd", "fwd_ws", "fwd_tma", "fwd_warp_spec", "fwd_persisten
 # 8 and 1 of 3000 repeats of 4K x 4K ring pairs at D=128 (GQA 16/8, causal; q after k, the
 # diagonal) and 3 of 3000 at D=64; the GPU test test_gpu_ring_pairs_repeatable caught it once. With
 # the dK/dV kernel plain: 0 of 3000 in each (benchmarks/probes/bwd_race.py,
-# logs/2026-11-22-h200-s20-bwd-race*.log). So dK/dV runs plain until the race is understood, at a
-# cost of ~15% of the D=128 backward; dQ stays warp-specialized (no bad dQ in any run).
+# logs/2026-11-22-h200-s20-bwd-race*.log). So the Triton dK/dV kernel runs plain (on Hopper the Gluon
+# kernel below takes the blocks it supports); dQ stays warp-specialized (no bad dQ in any run).
 _SM90_BWD_WARP_SPEC: dict[str, dict[int, int]] = {"dkdv": {}, "dq": {128: 0}}
 # Padded head dims for which the Hopper backward computes dK/dV with the Gluon kernel
 # (``attention_bwd_gluon``: warp-specialized by hand, every hand-over an mbarrier of its own), where
