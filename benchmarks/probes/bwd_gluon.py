@@ -42,7 +42,7 @@ def values(dev):
         for Sq, Sk in ((301, 517), (77, 3000), (4100, 4100))[:3 if dtype == torch.bfloat16 else 1]:
             q = torch.randn(2, Sq, H, D, device=dev).mul(1.5).to(dtype)
             k = torch.randn(2, Sk, Hkv, D, device=dev).mul(1.5).to(dtype)
-            v, = (torch.randn(2, Sk, Hkv, D, device=dev).to(dtype),)
+            v = torch.randn(2, Sk, Hkv, D, device=dev).to(dtype)
             dout = torch.randn(2, Sq, H, D, device=dev).to(dtype)
             for causal, q_off, k_off in masks(Sq, Sk):
                 kw = dict(softmax_scale=D ** -0.5, causal=causal, q_offset=q_off, k_offset=k_off)
