@@ -63,7 +63,8 @@ def staged(out: pathlib.Path) -> None:
     nomerge = edit(nobar, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
             m, s = _row_from_global(A, B, row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
-        return m, s''', '''        return gl.to_tensor(0.0), gl.to_tensor(1.0)''')
+''', '''        m, s = gl.to_tensor(0.0), gl.to_tensor(1.0)
+''')
     nomerge = edit(nomerge, '''            if (w_row < M) & fresh:
                 words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
 ''', "")

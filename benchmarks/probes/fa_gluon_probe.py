@@ -4,7 +4,8 @@ Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,
                    [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:compute registers[:persistent])
                    [--causal 0,1]
 ``--modules name=path,...`` also times other copies of the kernel module (e.g. a commit's version),
-each with its own defaults; ``--rounds R`` times the variants in turn R times and prints medians.
+each with its own defaults; ``--rounds R`` times the variants in turn R times and prints medians;
+``--inputs rising`` makes every key tile raise each row's max (the worst case for a lazy rescale).
 bf16, 16 heads, B * S = 32K tokens. Prints TFLOP/s (causal counts half) and each output's largest
 difference from cuDNN's, and lse's from the library's Triton kernels.
 """
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--causal", default="0,1", help="causal values to run (0, 1 or both)")
     ap.add_argument("--modules", default="")
     ap.add_argument("--rounds", type=int, default=1, help="timing rounds, variants in turn (medians)")
+    ap.add_argument("--inputs", default="randn", choices=("randn", "rising"),
+                    help="rising: scores grow along the keys, every key tile raises each row's max")
     args = ap.parse_args()
     others = load_copies(args.modules)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -44,6 +47,10 @@ def main():
         for S in map(int, args.seqlens.split(",")):
             B, H = max(1, 32768 // S), args.heads
             q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            if args.inputs == "rising":   # q ~ 20, k_j ~ 20 j / S: each row max rises > 2^15 per 128 keys (4K-32K)
+                ramp = torch.arange(S, device="cuda", dtype=torch.float32) * (20.0 / S)
+                q = (q.float() * 0.1 + 20.0).to(torch.bfloat16)
+                k = (k.float() * 0.1 + ramp[None, :, None, None]).to(torch.bfloat16)
             for causal in (bool(int(c)) for c in args.causal.split(",")):
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
