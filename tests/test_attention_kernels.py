@@ -6,6 +6,7 @@ head dims 64/96/128/256, GQA 1/2/4/8, every kind of mask a ring step makes, and 
 The oracle below is written here, in float64 with explicit position masks, and its gradients come
 from autograd; inputs are fresh random draws for every case.
 """
+import functools
 import os
 
 import pytest
@@ -655,6 +656,23 @@ def test_gpu_gluon_forward(monkeypatch, dtype, D, H, Hkv):
     assert len(seen) == expect + 2 + len(masks)
 
 
+def test_gluon_split_rule(monkeypatch):
+    """Where the Gluon forward splits its grid by key tiles (``split_grid``): not causal, persistent,
+    fewer than SPLIT_MAX_WAVES waves of query tiles with the last one partial, at least
+    SPLIT_MIN_KEY_TILES key tiles per query tile; one program per two steps where they are fewer than
+    the multiprocessors."""
+    from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
+    monkeypatch.setattr(gluon_fwd, "_multiprocessors", lambda index: 132)
+    q, k = torch.empty(1, 1000, 6, 64), torch.empty(1, 8192, 2, 64)   # 48 query tiles of 64 key tiles
+    split = functools.partial(gluon_fwd.split_grid, block_m=128, block_n=128)
+    assert split(q, k, False) == 132 and split(q, k, True) == 0 and split(q, k, False, persistent=False) == 0
+    assert split(q, k, False, split=False) == 0 and split(q, k[:, :8064], False) == 0   # 63 key tiles
+    assert split(q, k, False, block_m=1000) == 132 and split(q[:, :100, :1], k, False) == 32   # 64 steps
+    assert split(torch.empty(1, 128, 132, 64), k, False) == 0   # one whole wave
+    assert split(torch.empty(1, 128, 5 * 132 - 1, 64), k, False) == 132
+    assert split(torch.empty(1, 128, 5 * 132 + 1, 64), k, False) == 0
+
+
 def test_gluon_dkdv_table(monkeypatch):
     """The Gluon dK/dV kernel: Hopper 16-bit D=64 and 128; off for float32, on the CPU, on other GPUs
     and under any override of the Triton dK/dV kernel's tiles or modes, unless asked for. What it
@@ -751,7 +769,7 @@ def test_gpu_gluon_grids():
     slots carried across tiles, causal units paired heaviest with lightest, an odd tile count) gives
     the bits of a grid of one program per unit, on q/k/v from a (B, H, S, D) layout (head stride
     S * D), with 16-bit and float32 outputs; and matches float64. Blocks with no key give zeros and
-    lse = -inf."""
+    lse = -inf. (The persistent grid without its split of the key tiles: ``test_gpu_gluon_split``.)"""
     from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
     from ringsoftmax.kernels.attention_fwd import descriptor_scratch
     if torch.cuda.get_device_capability()[0] != 9 or gluon_fwd.gluon is None:
@@ -768,7 +786,7 @@ def test_gpu_gluon_grids():
                 lse = torch.full((3, 6, S), float("nan"), device=dev)
                 with descriptor_scratch():
                     gluon_fwd.launch(q, k, v, out, lse, qk_scale=D ** -0.5 * 1.4426950408889634, causal=causal,
-                                     delta=delta, persistent=persistent)
+                                     delta=delta, persistent=persistent, split=False)
                 outs.append((out, lse))
             assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), (D, S, causal)
             ref = oracle(q, k, v, D ** -0.5, causal, (delta, 1), (0, 1))
@@ -780,6 +798,45 @@ def test_gpu_gluon_grids():
     with attention_config.override(fwd_gluon=True):
         out, lse = attention_fwd(q, k, v, softmax_scale=0.125)
     assert torch.equal(out, torch.zeros_like(q)) and bool((lse == float("-inf")).all())
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_gluon_split(D):
+    """The Gluon forward's split grid (every program an equal share of the (query tile, key tile)
+    steps; a tile cut between programs merged by its last piece): one tile cut into a piece per
+    multiprocessor, tiles of two key tiles per piece, a masked last key tile, GQA, and a grid just
+    past one wave; 16-bit and float32 outputs against float64, the unsplit grid's values, and the
+    same bits over repeated runs. (Where it splits: ``test_gluon_split_rule``.)"""
+    from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
+    from ringsoftmax.kernels.attention_fwd import descriptor_scratch
+    if torch.cuda.get_device_capability()[0] != 9 or gluon_fwd.gluon is None:
+        pytest.skip("the Gluon forward runs on Hopper only")
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    block_m, block_n = gluon_fwd.TILES[D][:2]
+    for B, H, Hkv, Sq, Sk in ((1, 1, 1, 100, 40000), (1, 3, 1, 300, 8200), (2, 6, 2, 1000, 8193),
+                              (1, 17, 17, 1024, 8192)):
+        q = rand(B, Sq, H, D, dtype=torch.bfloat16, device=dev, scale=1.5)
+        k, v = (rand(B, Sk, Hkv, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
+        programs = gluon_fwd.split_grid(q, k, False, block_m, block_n)
+        assert programs == min(sms, B * H * -(-Sq // block_m) * -(-Sk // block_n) // 2), (B, H, Sq, Sk)
+        ref = oracle(q, k, v, D ** -0.5, False)
+        for out_dtype in (torch.bfloat16, torch.float32):
+            runs = []
+            for split in (True, True, False):
+                out = torch.full(q.shape, float("nan"), dtype=out_dtype, device=dev)
+                lse = torch.full((B, H, Sq), float("nan"), device=dev)
+                with descriptor_scratch():
+                    gluon_fwd.launch(q, k, v, out, lse, qk_scale=D ** -0.5 * 1.4426950408889634, causal=False,
+                                     split=split)
+                runs.append((out, lse))
+            for out, lse in runs:
+                check("out", out, ref[0], TOL[torch.bfloat16] / (2 if out_dtype == torch.float32 else 1))
+                check_lse(lse, ref[1], LSE_ATOL[torch.bfloat16])
+            assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]), (Sq, Sk)
+            assert (runs[0][1] - runs[2][1]).abs().max().item() < 1e-5, (Sq, Sk)
 
 
 @gpu

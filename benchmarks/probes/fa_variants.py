@@ -46,8 +46,8 @@ def lazy(src: str) -> str:
 
     @gluon.jit
     def _units(n_m, BH, causal):''')
-    src = edit(src, '''    TILE_M = gl.constexpr(128)  # query rows per tile: two compute warpgroups of 64
-''', '''    TILE_M = gl.constexpr(128)  # query rows per tile: two compute warpgroups of 64
+    src = edit(src, '''if gluon is not None:
+''', '''if gluon is not None:
     LAZY_SUM_MAX = gl.constexpr(32768.0)
     LAZY_MAX_DIM = gl.constexpr(64)
 ''')

@@ -15,12 +15,20 @@ no branch and waits for every matmul as soon as it is issued. Gluon states the s
   with a branch, so a causal block needs one launch and no float32 hand-over;
 - a persistent grid (one program per multiprocessor) walks the query tiles: the load warp runs
   ahead into the next tile's K/V and each compute warpgroup loads the next tile's Q rows into a
-  second buffer while it works on this one, so a tile's start and end are hidden.
+  second buffer while it works on this one, so a tile's start and end are hidden;
+- a split grid where the query tiles fill only a few waves of it (``split_grid``; no causal mask):
+  the last one to two waves' (tile, key tile) steps are shared out evenly, a tile cut between
+  programs leaves float32 pieces that the last one to finish merges with the LSE rule (a counter per
+  tile, no waiting), so no multiprocessor idles while others finish the last tiles: 1.1-5x the
+  unsplit grid at 0.01-4 waves with 8K-32K keys (H200, session 23).
 
 On an H200 (bf16, 16 heads, B*S = 32K) this forward ran at 551-622 TFLOP/s at D=128 and 429-477 at
 D=64 for 4K-32K tokens, causal and not, against 425-553 and 373-432 for the Triton kernels
 (.notes/attention.md, session 9). Triton 3.6 specifics: partitions take no constexpr arguments
-(sizes come from the buffers' shapes) and shared-memory shapes are powers of two.
+(sizes come from the buffers' shapes, whether the grid is split from a pointer's dtype) and
+shared-memory shapes are powers of two. Tiles of 192 query rows (three compute warpgroups, as
+FlashAttention-3 takes at D=64) are a ``TILES`` option, not the table's: +2-3% at D=64 non-causal
+8K-32K, -2% at 4K and -1 to -11% causal on an H200 (session 23).
 
 Layouts: q (B, Sq, H, D), k/v (B, Sk, H_kv, D), unit last stride, 16-byte aligned with 16-byte
 multiples for the other strides (TMA descriptors over the whole tensors), bfloat16 / float16, D = 64
@@ -50,8 +58,6 @@ except ImportError:  # pragma: no cover - older triton
 
 
 if gluon is not None:
-    TILE_M = gl.constexpr(128)  # query rows per tile: two compute warpgroups of 64
-
     @gluon.jit
     def _issue_tile(desc, coord, bar, dst):
         """Start the TMA copy of the box at ``coord`` into ``dst``; ``bar`` counts its bytes."""
@@ -82,24 +88,102 @@ if gluon is not None:
         return BH * n_m
 
     @gluon.jit
-    def _item(w, n_m, causal):
-        """The w-th query tile this program computes: (bh, m, valid). Program p takes units
-        p, p + grid, ...; consecutive units share a head, so the programs that run at once read the
-        same K/V from L2. A causal unit is tiles n_m-1-i and i of its head (w even, odd); the odd
-        half of the middle unit of an odd n_m is not a tile (valid False)."""
+    def _split_range(n_m, BH, n_kt):
+        """Split grid: (dp, s, e, W). Every program first takes dp whole waves of units (p,
+        p + grid, ...: the programs at work share K/V in L2), then its share [s, e) of the last one to
+        two waves' W = (units - dp * grid) * n_kt steps (a tile and one of its n_kt key tiles,
+        tile-major; s = p W // grid, int64), taken in order, so that no program idles at the end."""
+        P = gl.num_programs(0)
+        dp = gl.maximum(BH * n_m // P - 1, 0)
+        W = (BH * n_m - dp * P).to(gl.int64) * n_kt
+        p = gl.program_id(0).to(gl.int64)
+        return dp, p * W // P, (p + 1) * W // P, W
+
+    @gluon.jit
+    def _owner(i, W):
+        """Split grid: the program whose share (``_split_range``) holds step i (int64)."""
+        return (((i + 1) * gl.num_programs(0) + W - 1) // W - 1).to(gl.int32)
+
+    @gluon.jit
+    def _item(w, n_m, BH, n_kt, causal, SPLIT: gl.constexpr):
+        """The w-th query tile this program computes: (bh, m, valid, j_lo, j_hi), its key tiles
+        [j_lo, j_hi) (clipped by the caller to those the tile sees). Program p takes units p, p + grid,
+        ...; consecutive units share a head, so the programs that run at once read the same K/V from
+        L2. A causal unit is tiles n_m-1-i and i of its head (w even, odd); the odd half of the middle
+        unit of an odd n_m is not a tile (valid False). ``SPLIT`` (not causal): the last waves' units
+        are shared out by steps instead (``_split_range``), so every program has the same number of
+        key tiles to do; a tile cut between programs is a piece of its keys in each."""
+        if SPLIT:
+            dp, s, e, W = _split_range(n_m, BH, n_kt)
+            tail = w >= dp
+            t = s // n_kt + (w - dp)   # the item's unit among the last waves' ones
+            u = gl.where(tail, dp * gl.num_programs(0) + t, gl.program_id(0) + w * gl.num_programs(0))
+            j_lo = gl.where(tail, gl.maximum(s - t * n_kt, 0), 0).to(gl.int32)
+            j_hi = gl.where(tail, gl.minimum(e - t * n_kt, n_kt), n_kt).to(gl.int32)
+            return (u // n_m).to(gl.int32), (u % n_m).to(gl.int32), u >= 0, j_lo, j_hi
         u = gl.program_id(0) + (w // 2 if causal != 0 else w) * gl.num_programs(0)
         if causal != 0:
             per_head = (n_m + 1) // 2
             i = u % per_head
             m = gl.where(w % 2 == 0, n_m - 1 - i, i)
-            return u // per_head, m, (w % 2 == 0) | (m != n_m - 1 - i)
-        return u // n_m, u % n_m, u >= 0
+            return u // per_head, m, (w % 2 == 0) | (m != n_m - 1 - i), 0, n_kt
+        return u // n_m, u % n_m, u >= 0, 0, n_kt
 
     @gluon.jit
-    def _n_items(n_m, BH, causal):
+    def _n_items(n_m, BH, n_kt, causal, SPLIT: gl.constexpr):
         """How many w this program walks (``_item``)."""
+        if SPLIT:
+            dp, s, e, W = _split_range(n_m, BH, n_kt)
+            return dp + gl.where(e > s, (e - 1) // n_kt - s // n_kt + 1, 0).to(gl.int32)
         n = gl.cdiv(gl.maximum(_units(n_m, BH, causal) - gl.program_id(0), 0), gl.num_programs(0))
         return gl.where(causal != 0, 2 * n, n)
+
+    @gluon.jit
+    def _settle_piece(o, m_i, l_i, t, n_kt, W, part, PartO, PartML, Counts, o_rows, o_cols, s_rows,
+                      TILE_M: gl.constexpr):
+        """Split grid: this warpgroup's rows of query tile t of the last waves (``_split_range``: W
+        steps) after one piece of its key tiles. Publish the piece (o: O unnormalized (ROWS, D); m_i,
+        l_i: the rows' max and sum, log2 units) in the program's slot of PartO / PartML, count it in (Counts[owner * warpgroups + part]), and if it is
+        the last of the tile's pieces to arrive, merge them all (the LSE rule). Returns (o, m_i, l_i,
+        last): the merged tile when last is 1 (its rows then go out from here), else the piece.
+
+        The pieces of tile t come from programs q0..q1 (q0 holds its first key tile): slot 1 of q0 (its
+        last item), slot 0 of the others (their first). o_rows, s_rows: the rows within the tile in
+        O's and the scores' layouts; o_cols: O's columns."""
+        HEAD_DIM: gl.constexpr = o_cols.shape[0]
+        WG: gl.constexpr = TILE_M // 64
+        q0 = _owner(t * n_kt, W)
+        q1 = _owner((t + 1) * n_kt - 1, W)
+        me = gl.program_id(0)
+        piece = (me * 2 + gl.where(me == q0, 1, 0)).to(gl.int64) * TILE_M
+        gl.store(PartO + (piece + o_rows)[:, None] * HEAD_DIM + o_cols[None, :], o)
+        gl.store(PartML + piece * 2 + s_rows, m_i)
+        gl.store(PartML + piece * 2 + TILE_M + s_rows, l_i)
+        # every thread releases its own stores into the count; the one that completes it acquires them all
+        lanes = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
+        arrived = gl.atomic_add(Counts + (q0 * WG + part) + lanes * 0, 1 + lanes * 0, sem="acq_rel", scope="gpu")
+        last = gl.max(gl.where(arrived == 128 * (q1 - q0 + 1) - 1, 1, 0), axis=0)
+        if last != 0:
+            m_run = gl.full_like(m_i, float("-inf"))
+            l_run = gl.zeros_like(l_i)
+            o_run = gl.zeros_like(o)
+            for q in range(q0, q1 + 1):
+                piece = (q * 2 + gl.where(q == q0, 1, 0)).to(gl.int64) * TILE_M
+                m_q = gl.load(PartML + piece * 2 + s_rows, volatile=True)
+                l_q = gl.load(PartML + piece * 2 + TILE_M + s_rows, volatile=True)
+                o_q = gl.load(PartO + (piece + o_rows)[:, None] * HEAD_DIM + o_cols[None, :], volatile=True)
+                m_new = gl.maximum(m_run, m_q)
+                m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+                a = gl.exp2(m_run - m_sub)
+                b = gl.exp2(m_q - m_sub)
+                l_run = l_run * a + l_q * b
+                o_run = (o_run * gl.convert_layout(a, o_rows.type.layout)[:, None]
+                         + o_q * gl.convert_layout(b, o_rows.type.layout)[:, None])
+                m_run = m_new
+            o = o_run
+            m_i = m_run
+            l_i = l_run
+        return o, m_i, l_i, last
 
     @gluon.jit
     def _key_tiles(start_m, Sk, delta, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -122,27 +206,33 @@ if gluon is not None:
                                                      element_bitwidth=buf.type.layout.element_bitwidth, rank=4))
 
     @gluon.jit
-    def _ws_producer(k_desc, v_desc, k_s, v_s, k_ready, v_ready, k_free, v_free, Sk, H, GROUP, n_m, BH, delta,
-                     causal):
+    def _ws_producer(q_s, k_desc, v_desc, k_s, v_s, k_ready, v_ready, k_free, v_free, PartO, Sk, H, GROUP, n_m, BH,
+                     delta, causal):
         """Load warp: for each query tile of the program (``_item``), K_j and V_j into slot g % STAGES
         (g counts the program's key tiles) once both compute warpgroups freed it; it runs ahead into
         the next query tile while the compute warpgroups finish one.
 
         One barrier per slot in each of k_ready, v_ready (the copy landed; count 1) and k_free, v_free
-        (both warpgroups are done with it; count 2). Each kind is an allocation of its own: Gluon
+        (every compute warpgroup is done with it; count 2 or 3). Each kind is an allocation of its own: Gluon
         puts a warpgroup barrier before an mbarrier operation that follows another on the same
         allocation. (Partitions take no constexpr arguments: triton 3.6 passes them as int32 values;
         sizes come from the buffers' shapes.)"""
         STAGES: gl.constexpr = k_s.shape[0]
         BLOCK_N: gl.constexpr = k_s.shape[1]
+        TILE_M: gl.constexpr = q_s.shape[0] // 2 * q_s.shape[1]  # two Q buffers per warpgroup
+        SPLIT: gl.constexpr = PartO.dtype.element_ty == gl.float32  # a split grid (see the kernel)
+        n_kt = gl.cdiv(Sk, BLOCK_N)
         g = 0
-        for w in range(_n_items(n_m, BH, causal)):
-            bh, m, valid = _item(w, n_m, causal)
+        for w in range(_n_items(n_m, BH, n_kt, causal, SPLIT)):
+            bh, m, valid, j_lo, j_hi = _item(w, n_m, BH, n_kt, causal, SPLIT)
             if valid:
                 n_full, n_tiles = _key_tiles(m * TILE_M, Sk, delta, causal, TILE_M, BLOCK_N)
                 b = bh // H
                 hk = (bh % H) // GROUP
-                for j in range(n_tiles):
+                if not SPLIT:
+                    j_lo = 0
+                    j_hi = n_tiles
+                for j in range(j_lo, gl.minimum(j_hi, n_tiles)):
                     slot = g % STAGES
                     free_phase = ((g // STAGES) & 1) ^ 1  # the slot's previous use (none yet: passes at once)
                     mbarrier.wait(k_free.index(slot), free_phase, pred=g >= STAGES)
@@ -153,13 +243,17 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_consumer(part: gl.constexpr, q_desc, o_desc, o_ptr, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s,
-                     q_bar, k_ready, v_ready, k_free, v_free, Lse, Sq, Sk, H, n_m, BH, qk_scale, delta, causal):
+                     q_bar, k_ready, v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, BH, qk_scale,
+                     delta, causal):
         """One compute warpgroup: rows [part * 64, + 64) of each of the program's query tiles, every key
         tile. Its Q rows come through two buffers (the next tile's load is issued as this one starts);
         its O rows leave through ``o_s`` and TMA (16-bit O, ``o_desc``) or by pointers from ``o_ptr``
         (float32 O, the ring's block outputs). S_j = Q K_j^T and O += P_{j-1} V_{j-1} are in flight
-        together and the softmax of S_j runs under the second (see the module doc)."""
+        together and the softmax of S_j runs under the second (see the module doc). In a split grid a
+        tile cut between programs is settled by ``_settle_piece``."""
         ROWS: gl.constexpr = q_s.shape[1]
+        TILE_M: gl.constexpr = q_s.shape[0] // 2 * q_s.shape[1]  # two Q buffers per warpgroup
+        SPLIT: gl.constexpr = PartO.dtype.element_ty == gl.float32  # a split grid (see the kernel)
         HEAD_DIM: gl.constexpr = q_s.shape[2]
         STAGES: gl.constexpr = k_s.shape[0]
         BLOCK_N: gl.constexpr = k_s.shape[1]
@@ -172,45 +266,55 @@ if gluon is not None:
         rows = gl.arange(0, ROWS, gl.SliceLayout(1, s_layout))
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-        n_items = _n_items(n_m, BH, causal)
+        o_rows = part * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, o_layout))
+        o_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+        n_kt = gl.cdiv(Sk, BLOCK_N)
+        n_items = _n_items(n_m, BH, n_kt, causal, SPLIT)
         if n_items > 0:  # the first tile's Q rows (item 0 is always a tile)
-            bh0, m0, valid0 = _item(0, n_m, causal)
+            bh0, m0, valid0, lo0, hi0 = _item(0, n_m, BH, n_kt, causal, SPLIT)
             _issue_tile(q_desc, [bh0 // H, m0 * TILE_M + part * ROWS, bh0 % H, 0], q_bar.index(2 * part),
                         _tile_view(q_s.index(2 * part)))
         g = 0  # key tiles walked so far (their slots and phases)
         c = 0  # query tiles done so far (their Q buffers and phases)
         for w in range(n_items):
-            bh, m, valid = _item(w, n_m, causal)
+            bh, m, valid, j_lo, j_hi = _item(w, n_m, BH, n_kt, causal, SPLIT)
             if valid:
                 b = bh // H
                 h = bh % H
                 row0 = m * TILE_M + part * ROWS
                 q_p = q_s.index(2 * part + c % 2)
                 # start the next tile's Q rows into the other buffer (its last reader finished)
-                nb, nm, nvalid = _item(w + 1, n_m, causal)
+                nb, nm, nvalid, nlo, nhi = _item(w + 1, n_m, BH, n_kt, causal, SPLIT)
                 step = gl.where(nvalid, 1, 2)
-                nb, nm, nvalid = _item(w + step, n_m, causal)
+                nb, nm, nvalid, nlo, nhi = _item(w + step, n_m, BH, n_kt, causal, SPLIT)
                 if w + step < n_items:
                     _issue_tile(q_desc, [nb // H, nm * TILE_M + part * ROWS, nb % H, 0],
                                 q_bar.index(2 * part + (c + 1) % 2), _tile_view(q_s.index(2 * part + (c + 1) % 2)))
                 n_full, n_tiles = _key_tiles(m * TILE_M, Sk, delta, causal, TILE_M, BLOCK_N)
+                if SPLIT:
+                    j_hi = gl.maximum(gl.minimum(j_hi, n_tiles), j_lo)
+                else:
+                    j_lo = 0
+                    j_hi = n_tiles
+                g -= j_lo  # key tile j's slot and phase come from g + j
                 # the last key each row sees (tile 0's columns): causal i + delta, and always before Sk
                 lim0 = gl.where(causal != 0, gl.minimum(row0 + rows + delta, Sk - 1), Sk - 1)
                 m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
                 l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
                 o = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
                 mbarrier.wait(q_bar.index(2 * part + c % 2), (c // 2) & 1)
-                if n_tiles > 0:
-                    # tile 0: scores, then its softmax; its P V waits for the next tile's scores to be issued
-                    slot = g % STAGES
-                    mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
+                if j_hi > j_lo:
+                    # tile j_lo: scores, then its softmax; its P V waits for the next tile's scores to be issued
+                    slot = (g + j_lo) % STAGES
+                    mbarrier.wait(k_ready.index(slot), ((g + j_lo) // STAGES) & 1)
                     s_tok = warpgroup_mma(q_p, k_s.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                           is_async=True)
                     s = warpgroup_mma_wait(0, deps=[s_tok])
                     mbarrier.arrive(k_free.index(slot), count=1)
-                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, n_full == 0, lim0, cols)
+                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j_lo >= n_full, lim0 - j_lo * BLOCK_N,
+                                                       cols)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
-                    for j in range(1, n_tiles):
+                    for j in range(j_lo + 1, j_hi):
                         slot = (g + j) % STAGES
                         prev = (g + j - 1) % STAGES
                         # S_j and O += P_{j-1} V_{j-1} on the tensor cores; wait for S_j only
@@ -228,60 +332,88 @@ if gluon is not None:
                         mbarrier.arrive(v_free.index(prev), count=1)
                         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                         p_op = gl.convert_layout(p.to(dtype), p_layout)
-                    last = (g + n_tiles - 1) % STAGES
-                    mbarrier.wait(v_ready.index(last), ((g + n_tiles - 1) // STAGES) & 1)
+                    last = (g + j_hi - 1) % STAGES
+                    mbarrier.wait(v_ready.index(last), ((g + j_hi - 1) // STAGES) & 1)
                     o_tok = warpgroup_mma(p_op, v_s.index(last), o, is_async=True)
                     o = warpgroup_mma_wait(0, deps=[o_tok])
                     mbarrier.arrive(v_free.index(last), count=1)
-                g += n_tiles
+                g += j_hi
                 c += 1
 
-                # epilogue: normalize, store these rows (TMA from o_s, or pointers), lse
-                l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-                o = o / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-                if o_ptr.dtype.element_ty == dtype:
-                    o_p = o_s.index(part)
-                    tma.store_wait(0)  # the previous tile's rows have left o_s
-                    o_p.store(o.to(dtype))
-                    fence_async_shared()
-                    _tma_store(o_desc, [b, row0, h, 0], _tile_view(o_p))
-                else:
-                    rows_o = row0 + gl.arange(0, ROWS, gl.SliceLayout(1, o_layout))
-                    cols_o = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
-                    o_base = o_ptr + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-                    gl.store(o_base + rows_o.to(gl.int64)[:, None] * stride_os + cols_o[None, :],
-                             o.to(o_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
-                lse = gl.where(l_i > 0.0, (m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))) * 0.6931471805599453,
-                               float("-inf"))
-                offs_m = row0 + rows
-                gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
+                done = 1
+                if SPLIT:
+                    if (j_lo > 0) | (j_hi < n_tiles):  # a piece of a tile cut between programs
+                        dp, s0, e0, W = _split_range(n_m, BH, n_kt)
+                        t = (bh * n_m + m - dp * gl.num_programs(0)).to(gl.int64)
+                        o, m_i, l_i, done = _settle_piece(o, m_i, l_i, t, n_kt, W, part, PartO, PartML, Counts,
+                                                          o_rows, o_cols, part * ROWS + rows, TILE_M)
+                if done != 0:
+                    # epilogue: normalize, store these rows (TMA from o_s, or pointers), lse
+                    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+                    o = o / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+                    if o_ptr.dtype.element_ty == dtype:
+                        o_p = o_s.index(part)
+                        tma.store_wait(0)  # the previous tile's rows have left o_s
+                        o_p.store(o.to(dtype))
+                        fence_async_shared()
+                        _tma_store(o_desc, [b, row0, h, 0], _tile_view(o_p))
+                    else:
+                        rows_o = m * TILE_M + o_rows
+                        o_base = o_ptr + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                        gl.store(o_base + rows_o.to(gl.int64)[:, None] * stride_os + o_cols[None, :],
+                                 o.to(o_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
+                    lse = gl.where(l_i > 0.0, (m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))) * 0.6931471805599453,
+                                   float("-inf"))
+                    offs_m = row0 + rows
+                    gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
         tma.store_wait(0)
 
     # the compute partitions, one per warpgroup (partitions take no constexpr arguments)
     @gluon.jit
     def _ws_consumer0(q_desc, o_desc, o_ptr, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
-                      v_ready, k_free, v_free, Lse, Sq, Sk, H, n_m, BH, qk_scale, delta, causal):
+                      v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, BH, qk_scale, delta,
+                      causal):
         _ws_consumer(0, q_desc, o_desc, o_ptr, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
-                     v_ready, k_free, v_free, Lse, Sq, Sk, H, n_m, BH, qk_scale, delta, causal)
+                     v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, BH, qk_scale, delta,
+                     causal)
 
     @gluon.jit
     def _ws_consumer1(q_desc, o_desc, o_ptr, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
-                      v_ready, k_free, v_free, Lse, Sq, Sk, H, n_m, BH, qk_scale, delta, causal):
+                      v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, BH, qk_scale, delta,
+                      causal):
         _ws_consumer(1, q_desc, o_desc, o_ptr, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
-                     v_ready, k_free, v_free, Lse, Sq, Sk, H, n_m, BH, qk_scale, delta, causal)
+                     v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, BH, qk_scale, delta,
+                     causal)
+
+    @gluon.jit
+    def _ws_consumer2(q_desc, o_desc, o_ptr, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
+                      v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, BH, qk_scale, delta,
+                      causal):
+        _ws_consumer(2, q_desc, o_desc, o_ptr, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
+                     v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, BH, qk_scale, delta,
+                     causal)
 
     @gluon.jit(do_not_specialize=["Sq", "Sk", "delta"])
-    def _gl_attn_fwd_ws_kernel(Q, K, V, Out, Lse, Sq, Sk, B, H, GROUP,
+    def _gl_attn_fwd_ws_kernel(Q, K, V, Out, Lse, PartO, PartML, Counts, Sq, Sk, B, H, GROUP,
                                stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                                stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
                                qk_scale, delta,
                                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-        """Query tiles of 128 rows (program p: units p, p + grid, ... of ``_item``; a grid of one
-        program per unit, or a persistent one): a load warp and two compute warpgroups of 64 rows
-        (the kernel's own 4 warps and a worker) sharing the K/V slots. (Three warpgroups of 64 rows,
-        as FlashAttention-3 takes at D=64, measured 10-15% slower here.)"""
-        gl.static_assert(BLOCK_M == TILE_M, "two compute warpgroups of 64 rows")
+                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                               PRODUCER_REGS: gl.constexpr):
+        """Query tiles of BLOCK_M = 128 or 192 rows (program p: units p, p + grid, ... of ``_item``; a
+        grid of one program per unit, or a persistent one): a load warp and BLOCK_M / 64 compute
+        warpgroups of 64 rows (the kernel's own 4 warps and workers) sharing the K/V slots, with
+        CONSUMER_REGS registers per thread (the load warp's warpgroup PRODUCER_REGS; the kernel's own
+        warps get what is left of the multiprocessor's 64K).
+
+        A split grid (not causal; see ``_item``), where PartO is a float32 pointer: the programs share
+        out the last waves' (tile, key tile) steps evenly; a tile cut between programs leaves each
+        piece in PartO (grid, 2, BLOCK_M, D) and PartML (grid, 2, 2, BLOCK_M) float32, counted in Counts
+        (grid * BLOCK_M / 64) int32 zeros, and the last piece to arrive writes the tile
+        (``_settle_piece``). Otherwise PartO, PartML and Counts are int32 pointers, never read."""
+        gl.static_assert((BLOCK_M == 128) | (BLOCK_M == 192), "two or three compute warpgroups of 64 rows")
+        WG: gl.constexpr = BLOCK_M // 64
         dtype: gl.constexpr = Q.dtype.element_ty
         tile_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM], dtype)
         box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=tile_smem.swizzle_byte_width,
@@ -301,39 +433,59 @@ if gluon is not None:
             o_desc = q_desc
 
         # per compute warpgroup: two Q buffers and one O buffer; K/V slots shared
-        q_s = gl.allocate_shared_memory(dtype, [4, 64, HEAD_DIM], tile_smem)
-        o_s = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], tile_smem)
+        q_s = gl.allocate_shared_memory(dtype, [2 * WG, 64, HEAD_DIM], tile_smem)
+        o_s = gl.allocate_shared_memory(dtype, [WG, 64, HEAD_DIM], tile_smem)
         kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
         k_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem)
         v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem)
         # barriers (see _ws_producer), each kind an allocation of its own: each Q buffer, and per slot
         # K ready, V ready, K free, V free
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-        q_bar = gl.allocate_shared_memory(gl.int64, [4, 1], bar_layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2 * WG, 1], bar_layout)
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        for i in gl.static_range(4):
+        for i in gl.static_range(2 * WG):
             mbarrier.init(q_bar.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_free.index(i), count=2)  # freed by both compute warpgroups
-            mbarrier.init(v_free.index(i), count=2)
+            mbarrier.init(k_free.index(i), count=WG)  # freed by every compute warpgroup
+            mbarrier.init(v_free.index(i), count=WG)
         fence_async_shared()
         causal = 1 if CAUSAL else 0
         consumer_args = (q_desc, o_desc, Out, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
-                         v_ready, k_free, v_free, Lse, Sq, Sk, H, n_m, B * H, qk_scale, delta, causal)
-        producer_args = (k_desc, v_desc, k_s, v_s, k_ready, v_ready, k_free, v_free, Sk, H, GROUP, n_m, B * H, delta,
+                         v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, B * H, qk_scale, delta,
                          causal)
-        gl.warp_specialize([(_ws_consumer0, consumer_args), (_ws_consumer1, consumer_args),
-                            (_ws_producer, producer_args)], [4, 1], [CONSUMER_REGS, 40])
+        producer_args = (q_s, k_desc, v_desc, k_s, v_s, k_ready, v_ready, k_free, v_free, PartO, Sk, H, GROUP, n_m, B * H,
+                         delta, causal)
+        if WG == 3:  # the kernel's own warps load (they get what the three compute warpgroups leave)
+            gl.warp_specialize([(_ws_producer, producer_args), (_ws_consumer0, consumer_args),
+                                (_ws_consumer1, consumer_args), (_ws_consumer2, consumer_args)], [4, 4, 4],
+                               [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([(_ws_consumer0, consumer_args), (_ws_consumer1, consumer_args),
+                                (_ws_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
-#: The tile: query rows (64 per compute warpgroup), keys per step, K/V slots, compute registers.
-BLOCK_M, BLOCK_N, STAGES, CONSUMER_REGS = 128, 128, 2, 232
+#: The tile by head dim: (query rows, 64 per compute warpgroup; keys per step; K/V slots; registers per
+#: compute thread; registers per thread of the load warp's warpgroup).
+TILES = {64: (128, 128, 2, 232, 40), 128: (128, 128, 2, 232, 40)}
 #: One program per multiprocessor walking the query tiles (else one program per unit of work).
 PERSISTENT = True
+#: Without a causal mask, where the query tiles fill few waves of the persistent grid and the last
+#: one partly, share out the last waves' (tile, key tile) steps evenly over the programs (``_item``):
+#: no multiprocessor idles while a few finish the last tiles. Where: fewer than SPLIT_MAX_WAVES waves
+#: of tiles, at least SPLIT_MIN_KEY_TILES key tiles per query tile, and at least two key tiles per
+#: program. On an H200 (benchmarks/probes/fa_waves.py, one 128-row tile per head, bf16; session 23)
+#: the split ran 1.08-1.44x the unsplit grid at 0.5-4.1 waves with 8K keys (D=64 and 128), 1.12-1.60x
+#: with 16K, 1.11-1.67x with 32K, and 1.3-3.2x for 1-8 tiles from 16K keys; but 0.95-1.25x at 0.5-4.1
+#: waves with 4K keys, 0.77-0.80x for one tile cut into a piece per key tile (D=128, 4K-8K keys), and
+#: 0.95-1.03x at 7.6 and 31 waves (the launch bench's 4096 tiles), so none of those split. With this
+#: rule: 1.1-5.2x at 1-540 tiles with 8K-32K keys (logs/2026-11-23-h200-s23-fa-split-final-rule.log).
+SPLIT = True
+SPLIT_MAX_WAVES = 5
+SPLIT_MIN_KEY_TILES = 64
 HEAD_DIMS = (64, 128)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -351,24 +503,49 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def grid_size(q: torch.Tensor, causal: bool, persistent: bool = PERSISTENT) -> int:
-    """Programs of a launch on q (B, Sq, H, D): one per unit of work (a 128-row query tile, or when
-    causal a pair of them), or with ``persistent`` at most one per multiprocessor."""
-    B, Sq, H, _ = q.shape
-    n_m = cdiv(Sq, BLOCK_M)
+def grid_size(q: torch.Tensor, causal: bool, persistent: bool = PERSISTENT, block_m: int | None = None) -> int:
+    """Programs of a launch on q (B, Sq, H, D): one per unit of work (a query tile of ``block_m``
+    rows, by default the table's, or when causal a pair of them), or with ``persistent`` at most one
+    per multiprocessor."""
+    B, Sq, H, D = q.shape
+    n_m = cdiv(Sq, block_m or TILES[D][0])
     units = B * H * ((n_m + 1) // 2 if causal else n_m)
     return min(units, _multiprocessors(q.device.index or 0)) if persistent else units
 
 
+def split_grid(q: torch.Tensor, k: torch.Tensor, causal: bool, block_m: int, block_n: int,
+               persistent: bool = PERSISTENT, split: bool = SPLIT) -> int:
+    """Programs of a split launch (``_item``): one per multiprocessor, or one per two (tile, key tile)
+    steps where there are fewer; 0 where the launch is not split (``SPLIT``): causal, not persistent,
+    query tiles that fill every wave of the grid or SPLIT_MAX_WAVES waves or more, fewer than
+    SPLIT_MIN_KEY_TILES key tiles per query tile."""
+    B, Sq, H, _ = q.shape
+    units, n_kt = B * H * cdiv(Sq, block_m), cdiv(k.shape[1], block_n)
+    sms = _multiprocessors(q.device.index or 0)
+    if (not split or causal or not persistent or n_kt < SPLIT_MIN_KEY_TILES or units % sms == 0
+            or units >= SPLIT_MAX_WAVES * sms):
+        return 0
+    return min(sms, units * n_kt // 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _no_counts(device: torch.device) -> torch.Tensor:
+    """PartO, PartML and Counts of launches that are not split (never read; int32 says so)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
-           qk_scale: float, causal: bool, delta: int = 0, block_n: int = BLOCK_N, stages: int = STAGES,
-           consumer_regs: int = CONSUMER_REGS, persistent: bool = PERSISTENT) -> None:
+           qk_scale: float, causal: bool, delta: int = 0, block_m: int | None = None, block_n: int | None = None,
+           stages: int | None = None, consumer_regs: int | None = None, producer_regs: int | None = None,
+           persistent: bool = PERSISTENT, split: bool = SPLIT) -> None:
     """Fill ``out`` (B, Sq, H, D; q's dtype or float32) and ``lse`` (B, H, Sq), contiguous, from q
     (B, Sq, H, D), k, v (B, Sk, H_kv, D), 16-bit, 16-byte aligned with 16-byte multiples for every
     stride but the last; ``qk_scale`` includes log2(e); causal: query i sees key j iff j <= i + delta.
     Needs a global-scratch allocator for the on-device descriptors (``attention_fwd.descriptor_scratch``).
-    The sizes and ``persistent`` are for probes."""
+    The sizes (None: the head dim's entry of ``TILES``), ``persistent`` and ``split`` are for probes."""
     B, Sq, H, D = q.shape
+    tile = [given if given is not None else default
+            for given, default in zip((block_m, block_n, stages, consumer_regs, producer_regs), TILES[D])]
     Sk, Hkv = k.shape[1], k.shape[2]
     if B * H == 0 or Sq == 0:
         return
@@ -376,10 +553,17 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    grid = (grid_size(q, causal, persistent),)
-    _gl_attn_fwd_ws_kernel[grid](q, k, v, out, lse, Sq, Sk, B, H, H // Hkv,
+    programs = split_grid(q, k, causal, tile[0], tile[1], persistent, split)
+    if programs:   # scratch of the pieces of tiles cut between programs (see the kernel)
+        part_o = torch.empty((programs, 2, tile[0], D), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((programs, 2, 2, tile[0]), dtype=torch.float32, device=q.device)
+        counts = torch.zeros(programs * tile[0] // 64, dtype=torch.int32, device=q.device)
+    else:
+        part_o = part_ml = counts = _no_counts(q.device)
+    grid = (programs or grid_size(q, causal, persistent, tile[0]),)
+    _gl_attn_fwd_ws_kernel[grid](q, k, v, out, lse, part_o, part_ml, counts, Sq, Sk, B, H, H // Hkv,
                                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                                  v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                                  qk_scale, int(delta),
-                                 HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
-                                 CONSUMER_REGS=consumer_regs, num_warps=4)
+                                 HEAD_DIM=D, BLOCK_M=tile[0], BLOCK_N=tile[1], STAGES=tile[2], CAUSAL=bool(causal),
+                                 CONSUMER_REGS=tile[3], PRODUCER_REGS=tile[4], num_warps=4)
