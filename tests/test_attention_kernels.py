@@ -975,3 +975,36 @@ def test_probe_kernel_copies_apply(tmp_path, monkeypatch):
     assert {"fa_lazy.py", "fa_pinned.py", "fa_noexp.py", "fa_mmaonly.py", "sm_stream.py"} <= set(written)
     for path in written.values():
         ast.parse(path.read_text())
+
+
+def test_probe_attention_timeline(monkeypatch):
+    """``benchmarks/probes/fa_timeline.py``: its traced copies of the Gluon forward still find their
+    anchors and parse, with one clock reading per asked event, and its summary reads spans, lags and
+    overlaps right off a made-up trace (period 1000 cycles, warpgroup 1 300 behind, wrapping 2^32)."""
+    import ast
+    import pathlib
+    import re
+
+    probes = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "probes"
+    monkeypatch.syspath_prepend(str(probes))
+    import fa_timeline
+    from ablations import KERNELS
+
+    src = (KERNELS / "attention_fwd_gluon.py").read_text()
+    for events in ("012", "01234"):
+        traced = fa_timeline.traced_source(src, events)
+        ast.parse(traced)
+        assert traced.count("_trace(PartML") == len(events)
+    t = torch.zeros(2, 2, fa_timeline.TRACE_TILES, fa_timeline.EVENTS, dtype=torch.int64)
+    for j in range(1, 32):
+        for w in range(2):
+            start = (1 << 32) - 5000 + 1000 * j + 300 * w
+            t[:, w, j] = torch.tensor([start + e for e in (0, 50, 400, 800, 900)]) & 0xFFFFFFFF
+    t = torch.where(t >= 1 << 31, t - (1 << 32), t).to(torch.int32)
+    lines = fa_timeline.analyse(t, 32, "01234")
+    expect = {"K wait": 50, "S latency": 350, "softmax (e3": 400, "P V wait": 100, "to next tile": 100,
+              "period": 1000, "S ready, warpgroup 1": 300, "their softmax spans overlap": 50}
+    for key, value in expect.items():
+        line = next(x for x in lines if key in x)
+        assert int(re.search(r" (-?\d+) \(", line).group(1)) == value, line
+    assert any("softmax, P V wait" in x and " 600 " in x for x in fa_timeline.analyse(t, 32, "012"))

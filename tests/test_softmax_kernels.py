@@ -866,3 +866,37 @@ def test_held_split_past_capacity_gpu(direction, dtype, n, poisoned, monkeypatch
     else:
         check_bwd(a, b, out, TOL[dtype])
     assert F.sync_failures("cuda") == 0
+
+
+def test_probe_softmax_timeline(monkeypatch):
+    """``benchmarks/probes/softmax_timeline.py``: its traced copy of the staged kernel still finds its
+    anchors and parses, with its six clock readings, and its summary reads the step's spans right off
+    a made-up trace (steps of 5000 cycles wrapping 2^32; e2, e3 missing on odd steps: no unit reduced)."""
+    import ast
+    import pathlib
+    import re
+
+    probes = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "probes"
+    monkeypatch.syspath_prepend(str(probes))
+    import softmax_timeline as st
+    from ablations import KERNELS
+
+    traced = st.traced_source((KERNELS / "softmax_staged.py").read_text())
+    ast.parse(traced)
+    assert traced.count("_trace(PRIOR") == st.EVENTS
+    t = torch.zeros(3, st.TRACE_STEPS, st.EVENTS, dtype=torch.int64)
+    for s in range(st.TRACE_STEPS):
+        start = (1 << 32) - 7000 + 5000 * s
+        t[:, s] = torch.tensor([start + e for e in (0, 100, 300, 1300, 3300, 4000)]) & 0xFFFFFFFF
+        if s % 2:
+            t[:, s, 2:4] = 0
+    t = torch.where(t >= 1 << 31, t - (1 << 32), t).to(torch.int32)
+    lines = st.analyse(t, 2)
+    steps = range(2, st.TRACE_STEPS - 1)   # the first two left out; the last has no next step
+    even = sum(1 for s in steps if s % 2 == 0)
+    expect = {"issue": (100, len(steps)), "landed": (200, even), "reduce": (1000, even),
+              "row statistic": (2000, even), "normalize": (700, len(steps)), "step": (5000, len(steps))}
+    for key, (value, count) in expect.items():
+        line = next(x for x in lines if key in x)
+        assert int(re.search(r" (\d+) \(", line).group(1)) == value, line
+        assert f"{3 * count} readings" in line, line
