@@ -1002,7 +1002,7 @@ def test_probe_attention_timeline(monkeypatch):
             t[:, w, j] = torch.tensor([start + e for e in (0, 50, 400, 800, 900)]) & 0xFFFFFFFF
     t = torch.where(t >= 1 << 31, t - (1 << 32), t).to(torch.int32)
     lines = fa_timeline.analyse(t, 32, "01234")
-    expect = {"K wait": 50, "S latency": 350, "softmax (e3": 400, "P V wait": 100, "to next tile": 100,
+    expect = {"K wait": 50, "S wait after it": 350, "softmax (e3": 400, "P V wait": 100, "to next tile": 100,
               "period": 1000, "S ready, warpgroup 1": 300, "their softmax spans overlap": 50}
     for key, value in expect.items():
         line = next(x for x in lines if key in x)

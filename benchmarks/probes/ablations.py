@@ -43,9 +43,11 @@ def attention(out: pathlib.Path) -> None:
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: p = 0
         p = gl.exp2(s * qk_scale - m_sub[:, None])
         alpha = gl.exp2(m_i - m_sub)
-        l_new = l_i * alpha + gl.sum(p, axis=1)
+        share = _lane_row_sums(p)
+        alpha_q = gl.convert_layout(alpha, gl.SliceLayout(1, share.type.layout), assert_trivial=True)
+        l_new = l_q * alpha_q[:, None] + share
         return p, m_new, l_new, alpha''')
-    (out / "fa_mmaonly.py").write_text(edit(src, body, "        return s, m_i, l_i, gl.full(m_i.shape, 1.0, gl.float32, "
+    (out / "fa_mmaonly.py").write_text(edit(src, body, "        return s, m_i, l_q, gl.full(m_i.shape, 1.0, gl.float32, "
                                                        "m_i.type.layout)"))
 
 

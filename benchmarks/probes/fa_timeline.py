@@ -5,16 +5,20 @@ at up to five points of each key tile j >= 1 of each program's first query tile 
 TRACE_TILES of them), per compute warpgroup, and stores the readings into the PartML argument
 (unused by launches that are not split):
 
-    e0 before the wait for K_j      e1 K_j ready, S_j issued next      e2 S_j ready (wgmma wait)
-    e3 the softmax's row sums done (the reading depends on l_i)        e4 P_{j-1} V_{j-1} waited
+    e0 S_j and P_{j-1} V_{j-1} issued, before the wait for K_{j+1}     e1 K_{j+1} ready
+    e2 S_j ready (wgmma wait)       e3 the softmax's row sums done (the reading depends on l_q)
+    e4 P_{j-1} V_{j-1} waited
+
+(Until session 24's change the kernel waited for K_j at the top of tile j, before S_j's issue; the
+session's first logs, ``logs/2026-11-23-h200-s24-fa-timeline*.log``, read e0 and e1 around that wait.)
 
 ``--events 012`` (the default) reads e0-e2 only: in the sm_90a SASS (triton 3.6, offline) that copy
 keeps the committed kernel's schedule (the wait for P_{j-1} V_{j-1} at the softmax's start, P's
 conversions among the exponentials), while e3 and e4 move the conversions after that wait (the
 softmax then runs under P V: a different kernel). Prints, over the programs and tiles (the first 2
-and last 2 traced tiles left out), medians and quartiles of the K wait (e1 - e0), S's latency from
-issue (e2 - e1), the rest of the tile (e0 of j+1 - e2: the softmax, the P V wait, the conversions),
-the period (e0 of j+1 - e0), and across the two warpgroups of a program the lag of warpgroup 1's
+and last 2 traced tiles left out), medians and quartiles of the K wait (e1 - e0), S's wait after it
+(e2 - e1), the rest of the tile (e0 of j+1 - e2: the softmax, the P V wait, the conversions, the next
+issues), the period (e0 of j+1 - e0), and across the two warpgroups of a program the lag of warpgroup 1's
 S_j ready after warpgroup 0's and how much of their softmax spans [e2, e0 of j+1] overlap (the
 share of warpgroup 0's). Also times the traced copy beside the library kernel (the readings' cost).
 
@@ -59,8 +63,10 @@ def traced_source(src: str, events: str = "012") -> str:
 
     @gluon.jit
     def _units(n_m, BH, causal):''')
-    src = edit(src, '''                        mbarrier.wait(k_ready.index(slot), ((g + j) // STAGES) & 1)
-''', at(0) + '''                        mbarrier.wait(k_ready.index(slot), ((g + j) // STAGES) & 1)
+    src = edit(src, '''                        if j + 1 < j_hi:  # (under the matmuls: off the tile's chain, see the module doc)
+                            mbarrier.wait(k_ready.index((g + j + 1) % STAGES), ((g + j + 1) // STAGES) & 1)
+''', at(0) + '''                        if j + 1 < j_hi:  # (under the matmuls: off the tile's chain, see the module doc)
+                            mbarrier.wait(k_ready.index((g + j + 1) % STAGES), ((g + j + 1) // STAGES) & 1)
 ''' + at(1))
     src = edit(src, '''                        s = warpgroup_mma_wait(1, deps=[s_tok])
 ''', '''                        s = warpgroup_mma_wait(1, deps=[s_tok])
@@ -93,11 +99,11 @@ def analyse(trace: torch.Tensor, tiles: int, events: str) -> list[str]:
     def d(a, b):   # cycles from reading b to reading a, through the 32-bit wrap, signed
         x = (a - b) & 0xFFFFFFFF
         return x - (1 << 32) if x >= (1 << 31) else x
-    spans = [("K wait (e1-e0)", 1, 0), ("S latency (e2-e1)", 2, 1)]
+    spans = [("K wait (e1-e0)", 1, 0), ("S wait after it (e2-e1)", 2, 1)]
     if "3" in events:
         spans += [("softmax (e3-e2)", 3, 2), ("P V wait (e4-e3)", 4, 3), ("to next tile (e0'-e4)", 5, 4)]
     else:
-        spans += [("softmax, P V wait, P (e0'-e2)", 5, 2)]
+        spans += [("softmax, P V wait, P, issues (e0'-e2)", 5, 2)]
     spans += [("period (e0'-e0)", 5, 0)]
     cols = {n: [] for n, _, _ in spans}
     lag, overlap = [], []

@@ -23,7 +23,7 @@ import sys
 
 from ablations import KERNELS, edit  # same folder
 
-SOFTMAX_CALL = '''                        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j >= n_full,
+SOFTMAX_CALL = '''                        p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j >= n_full,
                                                            lim0 - j * BLOCK_N, cols)
 '''
 
@@ -31,18 +31,19 @@ SOFTMAX_CALL = '''                        p, m_i, l_i, alpha = _softmax_tile(s, 
 def lazy(src: str) -> str:
     src = edit(src, '''    @gluon.jit
     def _units(n_m, BH, causal):''', '''    @gluon.jit
-    def _softmax_tile_lazy(s, m_i, l_i, qk_scale, cols):
+    def _softmax_tile_lazy(s, m_i, l_q, qk_scale, cols):
         """_softmax_tile on a tile with no masked key, against the reference m_i while every row's sum
-        of exponentials stays <= LAZY_SUM_MAX. Returns (p, m_new, l_new, alpha, rescaled)."""
+        of exponentials stays <= LAZY_SUM_MAX (each lane's share <= a quarter of it). Returns (p, m_new,
+        l_q_new, alpha, rescaled)."""
         p = gl.exp2(s * qk_scale - m_i[:, None])
-        t = gl.sum(p, axis=1)
-        grew = gl.max(gl.where(t <= LAZY_SUM_MAX, 0, 1), axis=0)
+        t = _lane_row_sums(p)
+        grew = gl.max(gl.max(gl.where(t <= LAZY_SUM_MAX / 4, 0, 1), axis=1), axis=0)
+        alpha = m_i
         if grew != 0:
-            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, False, cols, cols)
+            p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, False, cols, cols)
         else:
-            l_i = l_i + t
-            alpha = l_i
-        return p, m_i, l_i, alpha, grew
+            l_q = l_q + t
+        return p, m_i, l_q, alpha, grew
 
     @gluon.jit
     def _units(n_m, BH, causal):''')
@@ -54,12 +55,12 @@ def lazy(src: str) -> str:
     src = edit(src, SOFTMAX_CALL, '''                        rescale = 1
                         if HEAD_DIM <= LAZY_MAX_DIM:
                             if j >= n_full:
-                                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, True,
+                                p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, True,
                                                                    lim0 - j * BLOCK_N, cols)
                             else:
-                                p, m_i, l_i, alpha, rescale = _softmax_tile_lazy(s, m_i, l_i, qk_scale, cols)
+                                p, m_i, l_q, alpha, rescale = _softmax_tile_lazy(s, m_i, l_q, qk_scale, cols)
                         else:
-                            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j >= n_full,
+                            p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j >= n_full,
                                                                lim0 - j * BLOCK_N, cols)
 ''')
     return edit(src, '''                        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -70,7 +71,7 @@ def lazy(src: str) -> str:
 
 def pinned(src: str) -> str:
     return edit(src, SOFTMAX_CALL, '''                        if Sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-                            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j >= n_full,
+                            p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j >= n_full,
                                                                lim0 - j * BLOCK_N, cols)
 ''')
 

@@ -6,10 +6,19 @@ no branch and waits for every matmul as soon as it is issued. Gluon states the s
 - a load warp brings K_j, V_j into ``STAGES`` shared-memory slots (TMA, mbarriers) and refills a
   slot once both compute warpgroups have released it;
 - two compute warpgroups load 64 query rows each and walk every key tile; per tile j
-  (FlashAttention-3's intra-warpgroup overlap)
+  (FlashAttention-3's intra-warpgroup overlap in the source)
 
-      issue S_j = Q K_j^T;  issue O += P_{j-1} V_{j-1};  wait for S_j only;
-      softmax of S_j (runs while P_{j-1} V_{j-1} is on the tensor cores);  wait for O;  O *= alpha_j
+      issue S_j = Q K_j^T;  issue O += P_{j-1} V_{j-1};  wait for K_{j+1};  wait for S_j only;
+      softmax of S_j;  wait for O;  O *= alpha_j
+
+  ptxas (triton 3.6, sm_90a) moves the wait for O to the softmax's start: P_j's conversions reuse
+  P_{j-1}'s registers. Each warpgroup's tile is then one chain (K wait, S, P V, softmax) and the
+  other warpgroup's matmuls run under its softmax (``benchmarks/probes/fa_timeline.py``: at D=64 a
+  key tile every ~1960 cycles per warpgroup, the tensor cores busy about half of them; keeping
+  P_{j-1} alive so the softmax runs under its own P V measured 0.4-4.4% slower at D=64, session 24).
+  Kept off that chain: K_{j+1}'s wait, which runs while S_j and P_{j-1} V_{j-1} are on the tensor
+  cores, and the row sums' shuffles (each lane keeps its share, ``_lane_row_sums``, added once per
+  query tile). Together 0 to +3.3% at D=64 and +0.8 to +4.5% at D=128 on an H200 (session 24);
 
 - the masked tiles (the causal diagonal, a partial last key tile) are iterations of the same loop
   with a branch, so a causal block needs one launch and no float32 hand-over;
@@ -65,18 +74,37 @@ if gluon is not None:
         _tma_load(desc, coord, bar, dst)
 
     @gluon.jit
-    def _softmax_tile(s, m_i, l_i, qk_scale, masked, lim, cols):
+    def _lane_row_sums(p):
+        """Each thread's share of the row sums of a wgmma accumulator tile ``p`` (ROWS, N) float32:
+        (ROWS, 4), entry (r, q) the sum of columns 8 i + 2 q + {0, 1}, which lane q of row r's quad
+        holds. No shuffle: the four lanes' shares are added once, by ``_row_sums``."""
+        ROWS: gl.constexpr = p.shape[0]
+        N: gl.constexpr = p.shape[1]
+        return gl.sum(gl.sum(gl.reshape(p, [ROWS, N // 8, 4, 2]), axis=3), axis=1)
+
+    @gluon.jit
+    def _row_sums(l_q, layout: gl.constexpr):
+        """The row sums (ROWS,) in ``layout`` from the lanes' shares ``l_q`` (ROWS, 4)."""
+        return gl.convert_layout(gl.sum(l_q, axis=1), layout)
+
+    @gluon.jit
+    def _softmax_tile(s, m_i, l_q, qk_scale, masked, lim, cols):
         """Online-softmax update with one (BLOCK_M, BLOCK_N) score tile ``s`` (float32).
 
         Scores in log2 units after ``qk_scale``. ``masked``: key c of the tile is visible to row r iff
-        c <= lim[r]. Returns (p, m_new, l_new, alpha) with alpha the rescale of the old state."""
+        c <= lim[r]. ``l_q``: the row sums as each lane's share (``_lane_row_sums``), so that no shuffle
+        stands between a tile's exponentials and the next tile's matmul (the row max is shuffled: all
+        lanes of a row must subtract the same one). Returns (p, m_new, l_q_new, alpha) with alpha the
+        rescale of the old state."""
         if masked:
             s = gl.where(cols[None, :] <= lim[:, None], s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: p = 0
         p = gl.exp2(s * qk_scale - m_sub[:, None])
         alpha = gl.exp2(m_i - m_sub)
-        l_new = l_i * alpha + gl.sum(p, axis=1)
+        share = _lane_row_sums(p)
+        alpha_q = gl.convert_layout(alpha, gl.SliceLayout(1, share.type.layout), assert_trivial=True)
+        l_new = l_q * alpha_q[:, None] + share
         return p, m_new, l_new, alpha
 
     @gluon.jit
@@ -249,8 +277,8 @@ if gluon is not None:
         tile. Its Q rows come through two buffers (the next tile's load is issued as this one starts);
         its O rows leave through ``o_s`` and TMA (16-bit O, ``o_desc``) or by pointers from ``o_ptr``
         (float32 O, the ring's block outputs). S_j = Q K_j^T and O += P_{j-1} V_{j-1} are in flight
-        together and the softmax of S_j runs under the second (see the module doc). In a split grid a
-        tile cut between programs is settled by ``_settle_piece``."""
+        together, K_{j+1} is waited for under them, then S_j's softmax (see the module doc). In a split
+        grid a tile cut between programs is settled by ``_settle_piece``."""
         ROWS: gl.constexpr = q_s.shape[1]
         TILE_M: gl.constexpr = q_s.shape[0] // 2 * q_s.shape[1]  # two Q buffers per warpgroup
         SPLIT: gl.constexpr = PartO.dtype.element_ty == gl.float32  # a split grid (see the kernel)
@@ -300,7 +328,7 @@ if gluon is not None:
                 # the last key each row sees (tile 0's columns): causal i + delta, and always before Sk
                 lim0 = gl.where(causal != 0, gl.minimum(row0 + rows + delta, Sk - 1), Sk - 1)
                 m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-                l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+                l_q = _lane_row_sums(s_zero)  # zeros, each lane's share of the row sums
                 o = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
                 mbarrier.wait(q_bar.index(2 * part + c % 2), (c // 2) & 1)
                 if j_hi > j_lo:
@@ -309,24 +337,27 @@ if gluon is not None:
                     mbarrier.wait(k_ready.index(slot), ((g + j_lo) // STAGES) & 1)
                     s_tok = warpgroup_mma(q_p, k_s.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                           is_async=True)
+                    if j_lo + 1 < j_hi:  # K_{j+1} is waited for while S_j is on the tensor cores
+                        mbarrier.wait(k_ready.index((g + j_lo + 1) % STAGES), ((g + j_lo + 1) // STAGES) & 1)
                     s = warpgroup_mma_wait(0, deps=[s_tok])
                     mbarrier.arrive(k_free.index(slot), count=1)
-                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j_lo >= n_full, lim0 - j_lo * BLOCK_N,
+                    p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j_lo >= n_full, lim0 - j_lo * BLOCK_N,
                                                        cols)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
                     for j in range(j_lo + 1, j_hi):
                         slot = (g + j) % STAGES
                         prev = (g + j - 1) % STAGES
-                        # S_j and O += P_{j-1} V_{j-1} on the tensor cores; wait for S_j only
-                        mbarrier.wait(k_ready.index(slot), ((g + j) // STAGES) & 1)
+                        # S_j and O += P_{j-1} V_{j-1} on the tensor cores; K_{j+1}'s wait, then S_j's
                         s_tok = warpgroup_mma(q_p, k_s.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                               is_async=True)
                         mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
                         o_tok = warpgroup_mma(p_op, v_s.index(prev), o, is_async=True)
+                        if j + 1 < j_hi:  # (under the matmuls: off the tile's chain, see the module doc)
+                            mbarrier.wait(k_ready.index((g + j + 1) % STAGES), ((g + j + 1) // STAGES) & 1)
                         s = warpgroup_mma_wait(1, deps=[s_tok])
                         mbarrier.arrive(k_free.index(slot), count=1)
-                        # the softmax of tile j runs while P_{j-1} V_{j-1} is in flight
-                        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j >= n_full,
+                        # the softmax of tile j (ptxas waits for P_{j-1} V_{j-1} at its start)
+                        p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j >= n_full,
                                                            lim0 - j * BLOCK_N, cols)
                         o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
                         mbarrier.arrive(v_free.index(prev), count=1)
@@ -339,6 +370,7 @@ if gluon is not None:
                     mbarrier.arrive(v_free.index(last), count=1)
                 g += j_hi
                 c += 1
+                l_i = _row_sums(l_q, gl.SliceLayout(1, s_layout))
 
                 done = 1
                 if SPLIT:
