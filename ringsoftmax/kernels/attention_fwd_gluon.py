@@ -18,7 +18,8 @@ no branch and waits for every matmul as soon as it is issued. Gluon states the s
   P_{j-1} alive so the softmax runs under its own P V measured 0.4-4.4% slower at D=64, session 24).
   Kept off that chain: K_{j+1}'s wait, which runs while S_j and P_{j-1} V_{j-1} are on the tensor
   cores, and the row sums' shuffles (each lane keeps its share, ``_lane_row_sums``, added once per
-  query tile). Together 0 to +3.3% at D=64 and +0.8 to +4.5% at D=128 on an H200 (session 24);
+  query tile). Together -2.4 to +4.5% over 28 cells at D=64 and 128, 25 of them ahead, on an H200
+  (session 24);
 
 - the masked tiles (the causal diagonal, a partial last key tile) are iterations of the same loop
   with a branch, so a causal block needs one launch and no float32 hand-over;
