@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import torch
 
+from . import attention_fwd_gluon as fwd_gluon
 from .attention_fwd_gluon import _issue_tile, _tile_view, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from .hostmath import cdiv
 
 if gluon is not None:
-    from .attention_fwd_gluon import _tma_load, fence_async_shared
+    from .attention_fwd_gluon import _tma_load, _wgmma_layout, fence_async_shared
 
     KEYS_PER_GROUP = gl.constexpr(64)  # key rows per compute warpgroup; two of them per program
 
@@ -87,10 +88,8 @@ if gluon is not None:
         HEAD_DIM: gl.constexpr = q_s.shape[2]
         ROWS: gl.constexpr = k_s.shape[1]
         dtype: gl.constexpr = q_s.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_M, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+        o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
         b = gl.program_id(1) // KV_HEADS
@@ -243,14 +242,13 @@ BLOCK_N = 128
 #: heads, B*S = 32K, 4K-32K tokens; benchmarks/probes/bwd_gluon.py) 3 slots were even or slower, and
 #: 128 query rows per step spill at both head dims.
 CONFIG = {64: (64, 2, 240), 128: (64, 2, 240)}
-HEAD_DIMS = (64, 128)
-_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def supports(q: torch.Tensor, head_dim: int, causal: bool, q_stride: int, k_stride: int) -> bool:
     """Whether the kernel computes this problem (beyond a Hopper GPU, a dense batch and TMA-ready
-    q/k/v/dout): 16-bit inputs, head dim 64 or 128, unit position strides if causal."""
-    return q.dtype in _DTYPES and head_dim in HEAD_DIMS and (not causal or (int(q_stride) == 1 and int(k_stride) == 1))
+    q/k/v/dout): what the Gluon forward takes (16-bit inputs, head dim 64 or 128, unit position
+    strides if causal)."""
+    return fwd_gluon.supports(q, head_dim, causal, q_stride, k_stride, q.dtype)
 
 
 def tma_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:

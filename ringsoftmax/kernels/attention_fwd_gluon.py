@@ -68,6 +68,11 @@ except ImportError:  # pragma: no cover - older triton
 
 
 if gluon is not None:
+    @gluon.constexpr_function
+    def _wgmma_layout(n):
+        """The register layout of a warpgroup's (64, n) float32 wgmma accumulator (m64nNk16, 4 warps)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
     @gluon.jit
     def _issue_tile(desc, coord, bar, dst):
         """Start the TMA copy of the box at ``coord`` into ``dst``; ``bar`` counts its bytes."""
@@ -78,15 +83,10 @@ if gluon is not None:
     def _lane_row_sums(p):
         """Each thread's share of the row sums of a wgmma accumulator tile ``p`` (ROWS, N) float32:
         (ROWS, 4), entry (r, q) the sum of columns 8 i + 2 q + {0, 1}, which lane q of row r's quad
-        holds. No shuffle: the four lanes' shares are added once, by ``_row_sums``."""
+        holds. No shuffle: the four lanes' shares are added once per query tile."""
         ROWS: gl.constexpr = p.shape[0]
         N: gl.constexpr = p.shape[1]
         return gl.sum(gl.sum(gl.reshape(p, [ROWS, N // 8, 4, 2]), axis=3), axis=1)
-
-    @gluon.jit
-    def _row_sums(l_q, layout: gl.constexpr):
-        """The row sums (ROWS,) in ``layout`` from the lanes' shares ``l_q`` (ROWS, 4)."""
-        return gl.convert_layout(gl.sum(l_q, axis=1), layout)
 
     @gluon.jit
     def _softmax_tile(s, m_i, l_q, qk_scale, masked, lim, cols):
@@ -172,8 +172,9 @@ if gluon is not None:
                       TILE_M: gl.constexpr):
         """Split grid: this warpgroup's rows of query tile t of the last waves (``_split_range``: W
         steps) after one piece of its key tiles. Publish the piece (o: O unnormalized (ROWS, D); m_i,
-        l_i: the rows' max and sum, log2 units) in the program's slot of PartO / PartML, count it in (Counts[owner * warpgroups + part]), and if it is
-        the last of the tile's pieces to arrive, merge them all (the LSE rule). Returns (o, m_i, l_i,
+        l_i: the rows' max and sum, log2 units) in the program's slot of PartO / PartML, count it in
+        (Counts[owner * warpgroups + part]), and if it is the last of the tile's pieces to arrive,
+        merge them all (the LSE rule). Returns (o, m_i, l_i,
         last): the merged tile when last is 1 (its rows then go out from here), else the piece.
 
         The pieces of tile t come from programs q0..q1 (q0 holds its first key tile): slot 1 of q0 (its
@@ -287,10 +288,8 @@ if gluon is not None:
         STAGES: gl.constexpr = k_s.shape[0]
         BLOCK_N: gl.constexpr = k_s.shape[1]
         dtype: gl.constexpr = q_s.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+        o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         rows = gl.arange(0, ROWS, gl.SliceLayout(1, s_layout))
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
@@ -371,7 +370,7 @@ if gluon is not None:
                     mbarrier.arrive(v_free.index(last), count=1)
                 g += j_hi
                 c += 1
-                l_i = _row_sums(l_q, gl.SliceLayout(1, s_layout))
+                l_i = gl.convert_layout(gl.sum(l_q, axis=1), gl.SliceLayout(1, s_layout))  # the lanes' shares added
 
                 done = 1
                 if SPLIT:
@@ -491,8 +490,8 @@ if gluon is not None:
         consumer_args = (q_desc, o_desc, Out, stride_ob, stride_os, stride_oh, q_s, o_s, k_s, v_s, q_bar, k_ready,
                          v_ready, k_free, v_free, Lse, PartO, PartML, Counts, Sq, Sk, H, n_m, B * H, qk_scale, delta,
                          causal)
-        producer_args = (q_s, k_desc, v_desc, k_s, v_s, k_ready, v_ready, k_free, v_free, PartO, Sk, H, GROUP, n_m, B * H,
-                         delta, causal)
+        producer_args = (q_s, k_desc, v_desc, k_s, v_s, k_ready, v_ready, k_free, v_free, PartO, Sk, H, GROUP, n_m,
+                         B * H, delta, causal)
         if WG == 3:  # the kernel's own warps load (they get what the three compute warpgroups leave)
             gl.warp_specialize([(_ws_producer, producer_args), (_ws_consumer0, consumer_args),
                                 (_ws_consumer1, consumer_args), (_ws_consumer2, consumer_args)], [4, 4, 4],
