@@ -415,7 +415,8 @@ def test_persistent_table():
 def test_gluon_table(monkeypatch):
     """The Gluon forward: Hopper 16-bit D=64 and 128 at any length; off for float32 inputs, on the
     CPU, and under any override of the Triton forward's tiles or modes, unless asked for. Its grid
-    of units: a 128-row query tile each, or a pair of them when causal (odd counts round up)."""
+    of units: a query tile each (192 rows at D=64 without a causal mask, else 128), or a pair of them
+    when causal (odd counts round up); a launch that splits takes SPLIT_TILE."""
     from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr(attention_config, "cuda_major", lambda device: 9)
@@ -424,8 +425,13 @@ def test_gluon_table(monkeypatch):
     assert fwd_gluon(cuda, 64, torch.bfloat16, False, 1) and fwd_gluon(cuda, 64, torch.bfloat16, True, 8192)
     assert not fwd_gluon(cuda, 256, torch.bfloat16, False, 8192) and not fwd_gluon(cuda, 128, torch.float32, False, 1)
     assert not fwd_gluon(cpu, 128, torch.bfloat16, False, 4096)
-    q = torch.empty(2, 300, 3, 64)   # 3 query tiles per (batch, head)
+    q = torch.empty(2, 300, 3, 64)   # 2 query tiles of 192 rows per (batch, head), 3 of 128 when causal
+    assert gluon_fwd.grid_size(q, False, persistent=False) == 12
+    assert gluon_fwd.grid_size(q, True, persistent=False) == 12
+    q = torch.empty(2, 300, 3, 128)  # 3 query tiles per (batch, head)
     assert gluon_fwd.grid_size(q, False, persistent=False) == 18 and gluon_fwd.grid_size(q, True, persistent=False) == 12
+    assert gluon_fwd.TILES[(64, False)][0] == 192 and gluon_fwd.SPLIT_TILE[0] == 128
+    assert all(tile[0] == 128 for key, tile in gluon_fwd.TILES.items() if key != (64, False))
     for mode in ("tma+ws", "tma+ws+pers", "separate", "tma"):
         with attention_config.override(**MODES[mode]):
             assert not fwd_gluon(cuda, 128, torch.bfloat16, False, 4096), mode
@@ -671,6 +677,13 @@ def test_gluon_split_rule(monkeypatch):
     assert split(torch.empty(1, 128, 132, 64), k, False) == 0   # one whole wave
     assert split(torch.empty(1, 128, 5 * 132 - 1, 64), k, False) == 132
     assert split(torch.empty(1, 128, 5 * 132 + 1, 64), k, False) == 0
+    # the tile of a launch: SPLIT_TILE where it splits; else the table's, unsplit even where 192-row
+    # tiles would split (700 tiles of 128 rows: 5.3 waves; 490 of 192: 3.7)
+    assert gluon_fwd.launch_tile(q, k, False) == (list(gluon_fwd.SPLIT_TILE), 132)
+    assert gluon_fwd.launch_tile(q, k, True) == (list(gluon_fwd.TILES[(64, True)]), 0)
+    q = torch.empty(1, 1280, 70, 64)
+    assert gluon_fwd.launch_tile(q, k, False) == (list(gluon_fwd.TILES[(64, False)]), 0)
+    assert gluon_fwd.launch_tile(q, k, False, (192, None, None, 160, None)) == ([192, 128, 2, 160, 40], 132)
 
 
 def test_gluon_dkdv_table(monkeypatch):
@@ -768,14 +781,17 @@ def test_gpu_gluon_grids():
     """The Gluon forward's persistent grid (programs walking several query tiles: Q buffers and K/V
     slots carried across tiles, causal units paired heaviest with lightest, an odd tile count) gives
     the bits of a grid of one program per unit, on q/k/v from a (B, H, S, D) layout (head stride
-    S * D), with 16-bit and float32 outputs; and matches float64. Blocks with no key give zeros and
-    lse = -inf. (The persistent grid without its split of the key tiles: ``test_gpu_gluon_split``.)"""
+    S * D), with 16-bit and float32 outputs; and matches float64. Last tiles with warpgroups that
+    have no row (S % 128 <= 64 in 128-row tiles, S % 192 <= 128 in 192-row ones: 4100 and 5000 at
+    D=64, causal 4100, 1950 at D=128). Blocks with no key give zeros and lse = -inf. (The persistent grid without its split of the key tiles:
+    ``test_gpu_gluon_split``.)"""
     from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
     from ringsoftmax.kernels.attention_fwd import descriptor_scratch
     if torch.cuda.get_device_capability()[0] != 9 or gluon_fwd.gluon is None:
         pytest.skip("the Gluon forward runs on Hopper only")
     dev = torch.device("cuda")
-    for D, S, causal, delta in ((64, 4100, True, 0), (128, 2000, False, 0), (128, 3000, True, -300)):
+    for D, S, causal, delta in ((64, 4100, True, 0), (64, 4100, False, 0), (64, 5000, False, 0),
+                                (128, 1950, False, 0), (128, 3000, True, -300)):
         q = rand(3, 6, S, D, dtype=torch.bfloat16, device=dev, scale=1.5).transpose(1, 2)
         k, v = (rand(3, 2, S, D, dtype=torch.bfloat16, device=dev).transpose(1, 2) for _ in range(2))
         assert gluon_fwd.grid_size(q, causal) < gluon_fwd.grid_size(q, causal, persistent=False)
@@ -815,7 +831,7 @@ def test_gpu_gluon_split(D):
         pytest.skip("the Gluon forward runs on Hopper only")
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    block_m, block_n = gluon_fwd.TILES[D][:2]
+    block_m, block_n = gluon_fwd.SPLIT_TILE[:2]   # the tile of every split launch
     for B, H, Hkv, Sq, Sk in ((1, 1, 1, 100, 40000), (1, 3, 1, 300, 8200), (2, 6, 2, 1000, 8193),
                               (1, 17, 17, 1024, 8192)):
         q = rand(B, Sq, H, D, dtype=torch.bfloat16, device=dev, scale=1.5)

@@ -1,7 +1,8 @@
 """Probe: variants of the Gluon attention forward against the library forward (with and without it) and cuDNN.
 
 Run on a GPU:  python3 benchmarks/probes/fa_gluon_probe.py [--seqlens 4096,8192,32768] [--dims 128,64]
-                   [--configs 128:2:232:1,128:2:232:0]   (block_n:stages:compute registers[:persistent[:split]])
+                   [--configs 128:2:232:1,128:2:232:0]
+                   (block_n:stages:compute registers[:persistent[:split[:block_m]]], block_m 128 unless given)
                    [--causal 0,1]
 ``--modules name=path,...`` also times other copies of the kernel module (e.g. a commit's version),
 each with its own defaults; ``--rounds R`` times the variants in turn R times and prints medians;
@@ -72,11 +73,12 @@ def main():
                                                                    causal=causal))
                             for mname, mod in others.items()]
                 for cfg in filter(None, args.configs.split(",")):
-                    bn, st, regs, pers, split = (list(map(int, cfg.split(":"))) + [1, 1])[:5]
-                    variants.append((f"gluon 128x{bn} st{st} r{regs}" + (" persistent" if pers else " grid of units")
+                    bn, st, regs, pers, split, bm = (list(map(int, cfg.split(":"))) + [1, 1, 128][cfg.count(":") - 2:])
+                    variants.append((f"gluon {bm}x{bn} st{st} r{regs}" + (" persistent" if pers else " grid of units")
                                      + (" split" if split and pers else ""),
                                      functools.partial(gluon_fwd.launch, q, k, v, out, lse, qk_scale=qk_scale,
-                                                       causal=causal, block_n=bn, stages=st, consumer_regs=regs,
+                                                       causal=causal, block_m=bm, block_n=bn, stages=st,
+                                                       consumer_regs=regs, producer_regs=32 if bm == 192 else 40,
                                                        persistent=bool(pers), split=bool(split))))
                 # check each variant once, then time them in turn for --rounds rounds (medians)
                 ok, times = {}, {}

@@ -152,9 +152,10 @@ def main():
             q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
             qk_scale = D ** -0.5 * 1.4426950408889634
-            block_m, block_n = base.TILES[D][:2]
+            block_m, block_n = base.TILES[(D, False)][:2]
             block_m = args.block_m or block_m
-            regs = {"consumer_regs": 160} if block_m == 192 else {}
+            regs = dict(consumer_regs=160, producer_regs=32) if block_m == 192 else dict(consumer_regs=232,
+                                                                                          producer_regs=40)
             grid = base.grid_size(q, False, block_m=block_m)
             traced.TRACE = torch.zeros(grid * (block_m // 64) * TRACE_TILES * EVENTS, dtype=torch.int32,
                                        device="cuda")

@@ -36,9 +36,9 @@ On an H200 (bf16, 16 heads, B*S = 32K) this forward ran at 551-622 TFLOP/s at D=
 D=64 for 4K-32K tokens, causal and not, against 425-553 and 373-432 for the Triton kernels
 (.notes/attention.md, session 9). Triton 3.6 specifics: partitions take no constexpr arguments
 (sizes come from the buffers' shapes, whether the grid is split from a pointer's dtype) and
-shared-memory shapes are powers of two. Tiles of 192 query rows (three compute warpgroups, as
-FlashAttention-3 takes at D=64) are a ``TILES`` option, not the table's: +2-3% at D=64 non-causal
-8K-32K, -2% at 4K and -1 to -11% causal on an H200 (session 23).
+shared-memory shapes are powers of two. D=64 blocks without a causal mask take tiles of 192 query
+rows (three compute warpgroups, as FlashAttention-3 does at D=64; see ``TILES``); a last tile's
+warpgroups whose rows all lie past the block only pass the K/V slots on.
 
 Layouts: q (B, Sq, H, D), k/v (B, Sk, H_kv, D), unit last stride, 16-byte aligned with 16-byte
 multiples for the other strides (TMA descriptors over the whole tensors), bfloat16 / float16, D = 64
@@ -110,7 +110,7 @@ if gluon is not None:
 
     @gluon.jit
     def _units(n_m, BH, causal):
-        """Work units of the grid: a 128-row query tile of one (batch, head), or, when causal, a pair
+        """Work units of the grid: a query tile of one (batch, head), or, when causal, a pair
         of them (the i-th heaviest and the i-th lightest of a head: equal work per unit)."""
         if causal != 0:
             return BH * ((n_m + 1) // 2)
@@ -331,7 +331,7 @@ if gluon is not None:
                 l_q = _lane_row_sums(s_zero)  # zeros, each lane's share of the row sums
                 o = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
                 mbarrier.wait(q_bar.index(2 * part + c % 2), (c // 2) & 1)
-                if j_hi > j_lo:
+                if (j_hi > j_lo) & (row0 < Sq):
                     # tile j_lo: scores, then its softmax; its P V waits for the next tile's scores to be issued
                     slot = (g + j_lo) % STAGES
                     mbarrier.wait(k_ready.index(slot), ((g + j_lo) // STAGES) & 1)
@@ -368,6 +368,14 @@ if gluon is not None:
                     o_tok = warpgroup_mma(p_op, v_s.index(last), o, is_async=True)
                     o = warpgroup_mma_wait(0, deps=[o_tok])
                     mbarrier.arrive(v_free.index(last), count=1)
+                else:  # rows all past Sq (a last tile's spare warpgroups): only hand each slot on
+                    for j in range(j_lo, j_hi):
+                        slot = (g + j) % STAGES
+                        # waited for first, so that the arrive counts toward this use of the slot
+                        mbarrier.wait(k_ready.index(slot), ((g + j) // STAGES) & 1)
+                        mbarrier.arrive(k_free.index(slot), count=1)
+                        mbarrier.wait(v_ready.index(slot), ((g + j) // STAGES) & 1)
+                        mbarrier.arrive(v_free.index(slot), count=1)
                 g += j_hi
                 c += 1
                 l_i = gl.convert_layout(gl.sum(l_q, axis=1), gl.SliceLayout(1, s_layout))  # the lanes' shares added
@@ -500,9 +508,16 @@ if gluon is not None:
             gl.warp_specialize([(_ws_consumer0, consumer_args), (_ws_consumer1, consumer_args),
                                 (_ws_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
-#: The tile by head dim: (query rows, 64 per compute warpgroup; keys per step; K/V slots; registers per
-#: compute thread; registers per thread of the load warp's warpgroup).
-TILES = {64: (128, 128, 2, 232, 40), 128: (128, 128, 2, 232, 40)}
+#: The tile by (head dim, causal): (query rows, 64 per compute warpgroup; keys per step; K/V slots;
+#: registers per compute thread; registers per thread of the load warp's warpgroup, where there are
+#: two compute warpgroups). D=64 without a causal mask takes 192 rows (three compute warpgroups at 160
+#: registers, FlashAttention-3's tile): on an H200 +4 to +6% at 8K-32K keys, level at 4K (session 25);
+#: causal blocks lost 1-11% with it (session 23).
+TILES = {(64, False): (192, 128, 2, 160, 32), (64, True): (128, 128, 2, 232, 40),
+         (128, False): (128, 128, 2, 232, 40), (128, True): (128, 128, 2, 232, 40)}
+#: The tile of a split launch (``split_grid``), at either head dim: the split path was measured with it,
+#: and at 192 rows its kernel spills (208 B of stack, triton 3.6).
+SPLIT_TILE = (128, 128, 2, 232, 40)
 #: One program per multiprocessor walking the query tiles (else one program per unit of work).
 PERSISTENT = True
 #: Without a causal mask, where the query tiles fill few waves of the persistent grid and the last
@@ -540,7 +555,7 @@ def grid_size(q: torch.Tensor, causal: bool, persistent: bool = PERSISTENT, bloc
     rows, by default the table's, or when causal a pair of them), or with ``persistent`` at most one
     per multiprocessor."""
     B, Sq, H, D = q.shape
-    n_m = cdiv(Sq, block_m or TILES[D][0])
+    n_m = cdiv(Sq, block_m or TILES[(D, bool(causal))][0])
     units = B * H * ((n_m + 1) // 2 if causal else n_m)
     return min(units, _multiprocessors(q.device.index or 0)) if persistent else units
 
@@ -560,6 +575,21 @@ def split_grid(q: torch.Tensor, k: torch.Tensor, causal: bool, block_m: int, blo
     return min(sms, units * n_kt // 2)
 
 
+def launch_tile(q: torch.Tensor, k: torch.Tensor, causal: bool, given=(None,) * 5, persistent: bool = PERSISTENT,
+                split: bool = SPLIT) -> tuple[list, int]:
+    """(tile, programs) of a launch on q (B, Sq, H, D), k (B, Sk, H_kv, D): a launch that splits
+    (``split_grid`` with SPLIT_TILE's sizes; programs > 0) takes SPLIT_TILE, any other the (head dim,
+    causal) entry of TILES (programs 0), each with the ``given`` sizes (block_m, block_n, stages,
+    consumer_regs, producer_regs; None: the entry's) in place. So a launch the table's tile would split
+    but SPLIT_TILE's would not stays unsplit."""
+    tile = [size if size is not None else default for size, default in zip(given, SPLIT_TILE)]
+    programs = split_grid(q, k, causal, tile[0], tile[1], persistent, split)
+    if not programs:
+        table = TILES[(q.shape[3], bool(causal))]
+        tile = [size if size is not None else default for size, default in zip(given, table)]
+    return tile, programs
+
+
 @functools.lru_cache(maxsize=None)
 def _no_counts(device: torch.device) -> torch.Tensor:
     """PartO, PartML and Counts of launches that are not split (never read; int32 says so)."""
@@ -574,10 +604,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     (B, Sq, H, D), k, v (B, Sk, H_kv, D), 16-bit, 16-byte aligned with 16-byte multiples for every
     stride but the last; ``qk_scale`` includes log2(e); causal: query i sees key j iff j <= i + delta.
     Needs a global-scratch allocator for the on-device descriptors (``attention_fwd.descriptor_scratch``).
-    The sizes (None: the head dim's entry of ``TILES``), ``persistent`` and ``split`` are for probes."""
+    The sizes (None: ``launch_tile``'s), ``persistent`` and ``split`` are for probes."""
     B, Sq, H, D = q.shape
-    tile = [given if given is not None else default
-            for given, default in zip((block_m, block_n, stages, consumer_regs, producer_regs), TILES[D])]
     Sk, Hkv = k.shape[1], k.shape[2]
     if B * H == 0 or Sq == 0:
         return
@@ -585,7 +613,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    programs = split_grid(q, k, causal, tile[0], tile[1], persistent, split)
+    tile, programs = launch_tile(q, k, causal, (block_m, block_n, stages, consumer_regs, producer_regs),
+                                 persistent, split)
     if programs:   # scratch of the pieces of tiles cut between programs (see the kernel)
         part_o = torch.empty((programs, 2, tile[0], D), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((programs, 2, 2, tile[0]), dtype=torch.float32, device=q.device)
