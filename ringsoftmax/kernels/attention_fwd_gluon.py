@@ -138,8 +138,12 @@ if gluon is not None:
         """The w-th query tile this program computes: (bh, m, valid, j_lo, j_hi), its key tiles
         [j_lo, j_hi) (clipped by the caller to those the tile sees). Program p takes units p, p + grid,
         ...; consecutive units share a head, so the programs that run at once read the same K/V from
-        L2. A causal unit is tiles n_m-1-i and i of its head (w even, odd); the odd half of the middle
-        unit of an odd n_m is not a tile (valid False). ``SPLIT`` (not causal): the last waves' units
+        L2. Not causal: a head's tiles are taken in a rotated order, one place further per wave's
+        worth of heads before it, so that the heads' partial last tiles (lighter: their warpgroups
+        without rows idle) fall on different programs; unrotated, where n_m divides the grid, a few
+        programs took them all (n_m = 22 on 132 programs: 6) and the rest a whole tile more. A causal
+        unit is tiles n_m-1-i and i of its head (w even, odd); the odd half of the middle unit of an
+        odd n_m is not a tile (valid False). ``SPLIT`` (not causal): the last waves' units
         are shared out by steps instead (``_split_range``), so every program has the same number of
         key tiles to do; a tile cut between programs is a piece of its keys in each."""
         if SPLIT:
@@ -156,7 +160,9 @@ if gluon is not None:
             i = u % per_head
             m = gl.where(w % 2 == 0, n_m - 1 - i, i)
             return u // per_head, m, (w % 2 == 0) | (m != n_m - 1 - i), 0, n_kt
-        return u // n_m, u % n_m, u >= 0, 0, n_kt
+        bh = u // n_m
+        turn = bh // gl.maximum(gl.num_programs(0) // n_m, 1)   # heads a wave of the grid takes, before bh
+        return bh, (u % n_m + turn) % n_m, u >= 0, 0, n_kt
 
     @gluon.jit
     def _n_items(n_m, BH, n_kt, causal, SPLIT: gl.constexpr):
