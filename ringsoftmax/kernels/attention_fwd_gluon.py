@@ -517,8 +517,9 @@ if gluon is not None:
 #: The tile by (head dim, causal): (query rows, 64 per compute warpgroup; keys per step; K/V slots;
 #: registers per compute thread; registers per thread of the load warp's warpgroup, where there are
 #: two compute warpgroups). D=64 without a causal mask takes 192 rows (three compute warpgroups at 160
-#: registers, FlashAttention-3's tile): on an H200 +4 to +6% at 8K-32K keys, level at 4K (session 25);
-#: causal blocks lost 1-11% with it (session 23).
+#: registers, FlashAttention-3's tile): on an H200 +3 to +6% at 8K-32K keys, and at 4K -0.4 to -1.1%
+#: before the rotated tile order of ``_item`` and +1.7% with it (session 25); causal blocks lose up to
+#: 13% with it (sessions 23, 25).
 TILES = {(64, False): (192, 128, 2, 160, 32), (64, True): (128, 128, 2, 232, 40),
          (128, False): (128, 128, 2, 232, 40), (128, True): (128, 128, 2, 232, 40)}
 #: The tile of a split launch (``split_grid``), at either head dim: the split path was measured with it,
