@@ -783,7 +783,8 @@ def test_gpu_gluon_grids():
     the bits of a grid of one program per unit, on q/k/v from a (B, H, S, D) layout (head stride
     S * D), with 16-bit and float32 outputs; and matches float64. Last tiles with warpgroups that
     have no row (S % 128 <= 64 in 128-row tiles, S % 192 <= 128 in 192-row ones: 4100 and 5000 at
-    D=64, causal 4100, 1950 at D=128). Blocks with no key give zeros and lse = -inf. (The persistent grid without its split of the key tiles:
+    D=64, causal 4100, 1950 at D=128), and the rotated order of the persistent grid's tiles. Blocks
+    with no key give zeros and lse = -inf. (The persistent grid without its split of the key tiles:
     ``test_gpu_gluon_split``.)"""
     from ringsoftmax.kernels import attention_fwd_gluon as gluon_fwd
     from ringsoftmax.kernels.attention_fwd import descriptor_scratch
