@@ -683,7 +683,10 @@ def test_gluon_split_rule(monkeypatch):
     assert gluon_fwd.launch_tile(q, k, True) == (list(gluon_fwd.TILES[(64, True)]), 0)
     q = torch.empty(1, 1280, 70, 64)
     assert gluon_fwd.launch_tile(q, k, False) == (list(gluon_fwd.TILES[(64, False)]), 0)
-    assert gluon_fwd.launch_tile(q, k, False, (192, None, None, 160, None)) == ([192, 128, 2, 160, 40], 132)
+    assert gluon_fwd.launch_tile(q, k, False, (192, None, None, 160, 40)) == ([192, 128, 2, 160, 40], 132)
+    # a given block_m takes the other sizes from an entry of that many rows (registers by warpgroups)
+    assert gluon_fwd.launch_tile(q, k, False, (192,) + (None,) * 4)[0] == list(gluon_fwd.TILES[(64, False)])
+    assert gluon_fwd.launch_tile(q, k, False, (128,) + (None,) * 4) == (list(gluon_fwd.SPLIT_TILE), 0)
 
 
 def test_gluon_dkdv_table(monkeypatch):

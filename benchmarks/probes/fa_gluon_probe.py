@@ -78,8 +78,8 @@ def main():
                                      + (" split" if split and pers else ""),
                                      functools.partial(gluon_fwd.launch, q, k, v, out, lse, qk_scale=qk_scale,
                                                        causal=causal, block_m=bm, block_n=bn, stages=st,
-                                                       consumer_regs=regs, producer_regs=32 if bm == 192 else 40,
-                                                       persistent=bool(pers), split=bool(split))))
+                                                       consumer_regs=regs, persistent=bool(pers),
+                                                       split=bool(split))))
                 # check each variant once, then time them in turn for --rounds rounds (medians)
                 ok, times = {}, {}
                 for name, f in variants:

@@ -154,13 +154,11 @@ def main():
             qk_scale = D ** -0.5 * 1.4426950408889634
             block_m, block_n = base.TILES[(D, False)][:2]
             block_m = args.block_m or block_m
-            regs = dict(consumer_regs=160, producer_regs=32) if block_m == 192 else dict(consumer_regs=232,
-                                                                                          producer_regs=40)
             grid = base.grid_size(q, False, block_m=block_m)
             traced.TRACE = torch.zeros(grid * (block_m // 64) * TRACE_TILES * EVENTS, dtype=torch.int32,
                                        device="cuda")
             runs = {name: (lambda m=m: m.launch(q, k, v, out, lse, qk_scale=qk_scale, causal=False, split=False,
-                                                block_m=block_m, **regs))
+                                                block_m=block_m))
                     for name, m in (("library", base), ("traced", traced))}
             times = {name: [] for name in runs}
             for _ in range(args.rounds):

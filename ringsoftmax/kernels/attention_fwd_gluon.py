@@ -180,8 +180,8 @@ if gluon is not None:
         steps) after one piece of its key tiles. Publish the piece (o: O unnormalized (ROWS, D); m_i,
         l_i: the rows' max and sum, log2 units) in the program's slot of PartO / PartML, count it in
         (Counts[owner * warpgroups + part]), and if it is the last of the tile's pieces to arrive,
-        merge them all (the LSE rule). Returns (o, m_i, l_i,
-        last): the merged tile when last is 1 (its rows then go out from here), else the piece.
+        merge them all (the LSE rule). Returns (o, m_i, l_i, last): the merged tile when last is 1 (its
+        rows then go out from here), else the piece.
 
         The pieces of tile t come from programs q0..q1 (q0 holds its first key tile): slot 1 of q0 (its
         last item), slot 0 of the others (their first). o_rows, s_rows: the rows within the tile in
@@ -587,13 +587,19 @@ def launch_tile(q: torch.Tensor, k: torch.Tensor, causal: bool, given=(None,) * 
     """(tile, programs) of a launch on q (B, Sq, H, D), k (B, Sk, H_kv, D): a launch that splits
     (``split_grid`` with SPLIT_TILE's sizes; programs > 0) takes SPLIT_TILE, any other the (head dim,
     causal) entry of TILES (programs 0), each with the ``given`` sizes (block_m, block_n, stages,
-    consumer_regs, producer_regs; None: the entry's) in place. So a launch the table's tile would split
-    but SPLIT_TILE's would not stays unsplit."""
-    tile = [size if size is not None else default for size, default in zip(given, SPLIT_TILE)]
+    consumer_regs, producer_regs; None: the entry's) in place. A given block_m other than the entry's
+    takes the other sizes from a table entry of that many rows (the registers go with the number of
+    compute warpgroups). So a launch the table's tile would split but SPLIT_TILE's would not stays
+    unsplit."""
+    def fill(entry):
+        if given[0] is not None and given[0] != entry[0]:
+            entry = next((t for t in (SPLIT_TILE, *TILES.values()) if t[0] == given[0]), entry)
+        return [size if size is not None else default for size, default in zip(given, entry)]
+
+    tile = fill(SPLIT_TILE)
     programs = split_grid(q, k, causal, tile[0], tile[1], persistent, split)
     if not programs:
-        table = TILES[(q.shape[3], bool(causal))]
-        tile = [size if size is not None else default for size, default in zip(given, table)]
+        tile = fill(TILES[(q.shape[3], bool(causal))])
     return tile, programs
 
 
