@@ -39,11 +39,11 @@ def attention(out: pathlib.Path) -> None:
     src = (KERNELS / "attention_fwd_gluon.py").read_text()
     exp = "        p = gl.exp2(s * qk_scale - m_sub[:, None])\n"
     (out / "fa_noexp.py").write_text(edit(src, exp, "        p = s * qk_scale - m_sub[:, None]\n"))
-    body = ('''        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    body = ('''        m_new = gl.maximum(m_i, _row_max(s, TREES) * qk_scale)
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: p = 0
         p = gl.exp2(s * qk_scale - m_sub[:, None])
         alpha = gl.exp2(m_i - m_sub)
-        share = _lane_row_sums(p)
+        share = _lane_row_sums(p, TREES)
         alpha_q = gl.convert_layout(alpha, gl.SliceLayout(1, share.type.layout), assert_trivial=True)
         l_new = l_q * alpha_q[:, None] + share
         return p, m_new, l_new, alpha''')

@@ -24,23 +24,23 @@ import sys
 from ablations import KERNELS, edit  # same folder
 
 SOFTMAX_CALL = '''                        p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j >= n_full,
-                                                           lim0 - j * BLOCK_N, cols)
+                                                           lim0 - j * BLOCK_N, cols, TREES)
 '''
 
 
 def lazy(src: str) -> str:
     src = edit(src, '''    @gluon.jit
     def _units(n_m, BH, causal):''', '''    @gluon.jit
-    def _softmax_tile_lazy(s, m_i, l_q, qk_scale, cols):
+    def _softmax_tile_lazy(s, m_i, l_q, qk_scale, cols, TREES: gl.constexpr):
         """_softmax_tile on a tile with no masked key, against the reference m_i while every row's sum
         of exponentials stays <= LAZY_SUM_MAX (each lane's share <= a quarter of it). Returns (p, m_new,
         l_q_new, alpha, rescaled)."""
         p = gl.exp2(s * qk_scale - m_i[:, None])
-        t = _lane_row_sums(p)
+        t = _lane_row_sums(p, TREES)
         grew = gl.max(gl.max(gl.where(t <= LAZY_SUM_MAX / 4, 0, 1), axis=1), axis=0)
         alpha = m_i
         if grew != 0:
-            p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, False, cols, cols)
+            p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, False, cols, cols, TREES)
         else:
             l_q = l_q + t
         return p, m_i, l_q, alpha, grew
@@ -56,12 +56,12 @@ def lazy(src: str) -> str:
                         if HEAD_DIM <= LAZY_MAX_DIM:
                             if j >= n_full:
                                 p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, True,
-                                                                   lim0 - j * BLOCK_N, cols)
+                                                                   lim0 - j * BLOCK_N, cols, TREES)
                             else:
-                                p, m_i, l_q, alpha, rescale = _softmax_tile_lazy(s, m_i, l_q, qk_scale, cols)
+                                p, m_i, l_q, alpha, rescale = _softmax_tile_lazy(s, m_i, l_q, qk_scale, cols, TREES)
                         else:
                             p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j >= n_full,
-                                                               lim0 - j * BLOCK_N, cols)
+                                                               lim0 - j * BLOCK_N, cols, TREES)
 ''')
     return edit(src, '''                        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 ''', '''                        if rescale != 0:
@@ -72,7 +72,7 @@ def lazy(src: str) -> str:
 def pinned(src: str) -> str:
     return edit(src, SOFTMAX_CALL, '''                        if Sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
                             p, m_i, l_q, alpha = _softmax_tile(s, m_i, l_q, qk_scale, j >= n_full,
-                                                               lim0 - j * BLOCK_N, cols)
+                                                               lim0 - j * BLOCK_N, cols, TREES)
 ''')
 
 
