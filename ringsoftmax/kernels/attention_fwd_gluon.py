@@ -37,8 +37,10 @@ D=64 for 4K-32K tokens, causal and not, against 425-553 and 373-432 for the Trit
 (.notes/attention.md, session 9). Triton 3.6 specifics: partitions take no constexpr arguments
 (sizes come from the buffers' shapes, whether the grid is split from a pointer's dtype) and
 shared-memory shapes are powers of two. D=64 blocks without a causal mask take tiles of 192 query
-rows (three compute warpgroups, as FlashAttention-3 does at D=64; see ``TILES``); a last tile's
-warpgroups whose rows all lie past the block only pass the K/V slots on.
+rows (three compute warpgroups, as FlashAttention-3 does at D=64; see ``TILES``), whose 160 registers
+per thread leave ptxas less room: their row max and row sums reduce by shallow trees (``_row_max``),
+which it compiles with fewer spills. A last tile's warpgroups whose rows all lie past the block only
+pass the K/V slots on.
 
 Layouts: q (B, Sq, H, D), k/v (B, Sk, H_kv, D), unit last stride, 16-byte aligned with 16-byte
 multiples for the other strides (TMA descriptors over the whole tensors), bfloat16 / float16, D = 64
@@ -100,8 +102,8 @@ if gluon is not None:
         quad) are reduced by pairs, then in 4 chains of N / 32, then across the 4, instead of Triton's
         one chain of N / 4 (``_lane_row_sums`` the same way). With three compute warpgroups at 160
         registers that left ptxas fewer spills and rematerialized indices in the key loop (589
-        instructions a tile against 672-675, triton 3.6, sm_90a): +2 to +4% at D=64 on an H200; with two
-        warpgroups the loop's code was the same size and ran level to 1.5% slower (session 26)."""
+        instructions a tile against 672-675, triton 3.6, sm_90a): +1.8 to +4.0% at D=64 on an H200; with
+        two warpgroups the loop's code was the same size and ran -1.6 to +0.5% (session 26)."""
         ROWS: gl.constexpr = s.shape[0]
         N: gl.constexpr = s.shape[1]
         if TREES:
@@ -542,8 +544,9 @@ if gluon is not None:
 #: registers per compute thread; registers per thread of the load warp's warpgroup, where there are
 #: two compute warpgroups). D=64 without a causal mask takes 192 rows (three compute warpgroups at 160
 #: registers, FlashAttention-3's tile): on an H200 +3 to +6% at 8K-32K keys, and at 4K -0.4 to -1.1%
-#: before the rotated tile order of ``_item`` and +1.7% with it (session 25); causal blocks lose up to
-#: 13% with it (sessions 23, 25).
+#: before the rotated tile order of ``_item`` and +1.7% with it (session 25), then +1.8 to +4.0% at 2K-32K
+#: from the shallow reductions of ``_row_max`` (session 26); causal blocks lose up to 13% with it
+#: (sessions 23, 25).
 TILES = {(64, False): (192, 128, 2, 160, 32), (64, True): (128, 128, 2, 232, 40),
          (128, False): (128, 128, 2, 232, 40), (128, True): (128, 128, 2, 232, 40)}
 #: The tile of a split launch (``split_grid``), at either head dim: the split path was measured with it,
