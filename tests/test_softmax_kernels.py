@@ -490,10 +490,10 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     for direction, elem in S.STAGED_CONFIG:
         for n in (1 << 16, 1 << 20, 1 << 21):
             assert not S.tma_only(direction, elem, S.staged_config(direction, elem, n, tma=False))
-    assert S.tma_only("fwd", 4, S.staged_config("fwd", 4, 1 << 20))
-    rows = torch.randn(2, 1 << 20)  # CPU tensors take no TMA
-    assert S.launch_config("fwd", rows, rows) == S.staged_config("fwd", 4, 1 << 20, tma=False)
-    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 1, 2), (4, 2, 2), (4, 1, 1), (9, 1, 7), (6, 2, 3)):
+    assert S.tma_only("fwd", 4, S.staged_config("fwd", 4, 1 << 22))
+    rows = torch.randn(2, 1 << 22)  # CPU tensors take no TMA
+    assert S.launch_config("fwd", rows, rows) == S.staged_config("fwd", 4, 1 << 22, tma=False)
+    for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 2, 1), (4, 2, 2), (4, 1, 1), (9, 1, 7), (6, 2, 3)):
         with pytest.raises(ValueError, match="STAGES, AHEAD, LAG"):
             S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, *ring, False))
 
@@ -506,8 +506,9 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
     """The staged kernel itself: one row, many rows per program, a tail chunk; strided rows (16-byte
     aligned, so 16-bit rows qualify); chunks loaded by cp.async or TMA, both directions (TMA takes
     rows whose length the narrowest box width divides: 16 bytes, and chunk / 256 elements (a box has
-    at most 256 rows); 2^19 + 16 float32 in chunks of 4096 by boxes 16 wide, 16-bit rows of it fall
-    back; 2^20 + 64: the 16-bit rings of lag 2)."""
+    at most 256 rows); 2^19 + 16: float32 backward chunks of 4096 by boxes 16 wide, the other rows
+    of it fall back; from 2^19 + 16 the float32 forward's lag 2 with its written chunk in registers;
+    2^20 + 64: the 16-bit rings of lag 2)."""
     x = make_x(m, n + 64, dtype, "cuda", scale=30.0)[:, 32:32 + n]
     assert S.available(x)
     fwd, bwd = (S.staged_config(d, x.element_size(), n)[:5] + (tma,) for d in ("fwd", "bwd"))
@@ -667,10 +668,10 @@ def test_staged_tma_only_config_gpu(poisoned):
 
 @pytest.mark.gpu
 def test_staged_tma_only_ring_gpu(poisoned):
-    """float32 forward rows of 2^20 take the 4-slot ring by TMA on Hopper; rows that cannot take TMA
-    (N % 4 != 0) take the lag-1 entry before it; both right."""
+    """float32 forward rows of 2^22 take the one-program deep ring by TMA on Hopper; rows that cannot
+    take TMA (N % 4 != 0) take the entry of the same length before it; both right."""
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    for n in (1 << 20, (1 << 20) - 2):
+    for n in (1 << 22, (1 << 22) - 2):
         x = make_x(3, n, torch.float32, "cuda", scale=30.0)
         config = S.launch_config("fwd", x, x)
         assert S.tma_only("fwd", 4, config) == (hopper and n % 4 == 0)
@@ -818,7 +819,7 @@ def _empty_parts(a, held, direction):
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction, dtype, n", [
     ("fwd", torch.float32, 300007),        # lag-1 ring by cp.async (no TMA: N % 4 != 0)
-    ("fwd", torch.float32, 2**19 + 4096),  # the 4-slot ring (TMA)
+    ("fwd", torch.float32, 2**19 + 4096),  # lag 2, the chunk written held in registers
     ("fwd", torch.float32, 2**21 + 12288),  # a deep ring (lag 5)
     ("fwd", torch.bfloat16, 2**20 + 8192),
     ("bwd", torch.float32, 300007),        # lag 2 in registers

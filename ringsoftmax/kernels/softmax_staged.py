@@ -15,8 +15,9 @@ fence, which would wait for the program's earlier stores). Where the Triton pers
 chip: chunks arrive by ``cp.async`` (or one TMA bulk copy per chunk, where the config asks for it on
 sm_90+) into a ring of shared-memory slots, and a chunk is written LAG steps after its own
 reduction, when the other programs' partials have long arrived (``RINGS``): with lag 1 it waits in
-its slot of 3 (the next chunk loads one step ahead); with lag 2 in its slot of 4, or in registers,
-its slot of 3 refilled at once (two ahead); with lag L in its slot of L + 2 (the deep rings, L >= 3,
+its slot of 3 (the next chunk loads one step ahead); with lag 2 in its slot of 4, or in registers:
+its slot of 3 refilled at once (two ahead), or refilled one step before its write, the chunk then
+moved into registers (one ahead); with lag L in its slot of L + 2 (the deep rings, L >= 3,
 for rows of up to L - 1 chunks per program: a program keeps its units behind in small vectors and
 the last row statistic it merged, which its next units often share).
 HBM traffic is the floor (one read of each input, one write); the wait itself is off the critical
@@ -107,9 +108,17 @@ except ImportError:  # pragma: no cover - older triton
 #: (2048 by cp.async); 16-bit backward (8192, 4) 94.5-94.7 at 4M against 87.0-90.2, but 92.4-93.4
 #: at 2.5M-3M against 93.2-95.2 (kept there). All three by TMA only (cp.async rows keep the entries
 #: they had).
+#: Lag 2 in 3 slots, the chunk written moved into registers a step early (session 27, H200): fp32
+#: forward (8192, 4 warps, cp.async; 231 registers, two programs per multiprocessor, rows up to
+#: 2.16M elements) 96.6 / 97.3 / 96.7 / 97.1 / 97.1% at 1.06M / 1.25M / 1.5M / 1.75M / 2M against
+#: 79.8 / 82.3 / 84.7 / 86.6 / 88.0 for the deep ring the table had there (8192, 4, lag 5, TMA);
+#: by TMA 91-95; two runs at 256K / 512K / 1M 96.6-96.7 / 96.8-97.2 / 97.3-97.8 against 95.7-96.4 /
+#: 96.1-96.3 / 95.5-96.1 for the 4-slot ring by TMA; at 64K-128K a tie with lag 1 (kept there). Not
+#: for 16 bits: 16384 x 4 spills (255 registers and 184 bytes) and ran 60-63% at 1M-4M forward,
+#: 8192 x 4 (233 registers: two programs) 68-73; the bf16 backward (8192, 4) 91-99 at 256K-2M against
+#: the table's 98-99.
 STAGED_CONFIG = {
-    ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (4096, 8, 4, 1, 2, True)),
-                 (1048577, (8192, 4, 3, 1, 1, False)), (1048577, (8192, 4, 7, 1, 5, True)),
+    ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (8192, 4, 7, 1, 5, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 1, True)),
@@ -159,16 +168,16 @@ CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25,
                        **{(direction, lag): lag - 1.0 for direction in ("fwd", "bwd") for lag in range(2, 7)}}
 #: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
 #: statistic in its slot (lag 1; lag L >= 2 in a ring of L + 2 slots), or in registers (lag 2 with
-#: 3 slots: its slot is refilled at once, 2 ahead). With a lag of L, one row's chunks may outnumber
+#: 3 slots: its slot is refilled at once, 2 ahead; or, 1 ahead, the chunk moves into registers at the
+#: end of the step before its write, which refills its slot). With a lag of L, one row's chunks may outnumber
 #: the resident programs L - 1 times (``CLAIM_MAX_ROW_SHARE``, ``capacity``): the deep rings
 #: (L >= 3) keep rows on chip that the GPU's programs hold only a few chunks each of.
-RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + 2, 1, lag) for lag in range(2, 7))
+RINGS = ((3, 1, 1), (3, 2, 2), (3, 1, 2)) + tuple((lag + 2, 1, lag) for lag in range(2, 7))
 #: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads, by (direction,
-#: element size): the 4-slot ring by cp.async measured 87-89% of copy in the fp32 forward at
-#: 256K-1M, against 89-96% for lag 1 (session 14); the 16-bit backward's 16384 x 8 warps 88-90% at
+#: element size): the 16-bit backward's 16384 x 8 warps 88-90% at
 #: 512K-2M against 95-96% for its neighbour in the table; the one-program deep rings were measured
 #: by TMA only (session 20, H200).
-TMA_ONLY_CONFIGS = {("fwd", 4): ((4096, 8, 4, 1, 2), (8192, 4, 7, 1, 5)), ("fwd", 2): ((8192, 4, 4, 1, 2),),
+TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5),), ("fwd", 2): ((8192, 4, 4, 1, 2),),
                     ("bwd", 4): ((4096, 4, 7, 1, 5),), ("bwd", 2): ((16384, 8, 3, 2, 2), (8192, 4, 7, 1, 5))}
 
 
@@ -476,10 +485,10 @@ if gluon is not None:
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
-        gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG == 1)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
+        gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG <= 2)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
                          | ((STAGES == LAG + 2) & (AHEAD == 1) & (LAG >= 2) & (LAG <= FIFO)),
-                         "the rings are 3 slots, 1 ahead, lag 1; 3 slots, 2 ahead, lag 2 (in registers); "
-                         "LAG + 2 slots, 1 ahead, lag 2..8")
+                         "the rings are 3 slots, 1 ahead, lag 1 or 2 (in registers); 3 slots, 2 ahead, lag 2 "
+                         "(in registers); LAG + 2 slots, 1 ahead, lag 2..8")
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -512,7 +521,10 @@ if gluon is not None:
         offs = gl.arange(0, CHUNK, layout)
         LAG2: gl.constexpr = LAG == 2
         AHEAD2: gl.constexpr = AHEAD == 2
-        HOLD: gl.constexpr = LAG2 and (STAGES == 3)  # the waiting chunks are held in registers
+        HOLD: gl.constexpr = LAG2 and (STAGES == 3) and AHEAD2  # the waiting chunks are held in registers
+        # lag 2 in 3 slots, 1 ahead: the unit written at step t moves from its slot into registers at the
+        # end of step t - 1 (old_a, old_b), so that its slot takes the load at the top of step t
+        HOLD_OLD: gl.constexpr = LAG2 and (STAGES == 3) and (not AHEAD2)
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
         # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in its slot
@@ -549,12 +561,14 @@ if gluon is not None:
             if not TMA_LOAD:
                 async_copy.commit_group()
             nxt_done = False
-        if HOLD:
-            held_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
+        if HOLD or HOLD_OLD:
             old_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
             if BWD:  # (forward, b is a: not carried twice)
-                held_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
                 old_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
+        if HOLD:
+            held_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
+            if BWD:
+                held_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
         if DEEP:
             # entry t % LAG: the unit reduced at step t - LAG, written at step t; and the last row
             # statistic merged (consecutive written units often share a row: its words are read once)
@@ -666,12 +680,12 @@ if gluon is not None:
                 if HAS_PRIOR:  # the whole row's statistic, for its other columns
                     gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
                     gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
-                if HOLD:
+                if HOLD or HOLD_OLD:
                     a = old_a.to(gl.float32)
                 else:
                     a = _flat(ring_a.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
                 if BWD:
-                    if HOLD:
+                    if HOLD or HOLD_OLD:
                         b = old_b.to(gl.float32)
                     else:
                         b = _flat(ring_b.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
@@ -696,6 +710,10 @@ if gluon is not None:
                 if BWD:
                     old_b = held_b
                     held_b = cur_b
+            if HOLD_OLD:  # the unit reduced last step (written next step) leaves its slot, refilled next
+                old_a = _flat(ring_a.index((t + 2) % 3)).load(layout)
+                if BWD:
+                    old_b = _flat(ring_b.index((t + 2) % 3)).load(layout)
             prev_row = cur_row
             prev_q = cur_q
             if AHEAD2:
