@@ -718,6 +718,29 @@ def test_staged_small_grids_gpu(programs, claim, ring, poisoned, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("claim", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_staged_16bit_chunks_held_as_words_gpu(dtype, claim, tma, poisoned, monkeypatch):
+    """Lag 2 in 3 slots, 1 ahead, on 16-bit rows: the chunk written next waits in registers two
+    elements to a 32-bit word. Forward and backward on a grid of 12 programs, rows of 5 chunks with a
+    tail, units claimed or fixed, loads by cp.async or TMA."""
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
+    monkeypatch.setattr(S, "CLAIM", claim)
+    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0))
+    m, n = 50, 5 * 2048 - 48
+    x = make_x(m, n, dtype, "cuda", scale=30.0)
+    y, lse = torch.empty_like(x), torch.empty(m, device="cuda")
+    assert S.launch("fwd", x, x, y, lse, (2048, 4, 3, 1, 2, tma))
+    check_fwd(x, y, lse, TOL[dtype])
+    y, dy = softmax_pair(m, n, dtype, "cuda")
+    dx = torch.empty_like(dy)
+    assert S.launch("bwd", y, dy, dx, dx, (2048, 4, 3, 1, 2, tma))
+    check_bwd(y, dy, dx, TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_staged_one_row_with_any_stride_gpu(dtype, poisoned):
     """A single row whose row stride is not 16-byte aligned (never used) takes the staged kernel,

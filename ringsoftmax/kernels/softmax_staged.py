@@ -113,15 +113,19 @@ except ImportError:  # pragma: no cover - older triton
 #: 2.16M elements) 96.6 / 97.3 / 96.7 / 97.1 / 97.1% at 1.06M / 1.25M / 1.5M / 1.75M / 2M against
 #: 79.8 / 82.3 / 84.7 / 86.6 / 88.0 for the deep ring the table had there (8192, 4, lag 5, TMA);
 #: by TMA 91-95; two runs at 256K / 512K / 1M 96.6-96.7 / 96.8-97.2 / 97.3-97.8 against 95.7-96.4 /
-#: 96.1-96.3 / 95.5-96.1 for the 4-slot ring by TMA; at 64K-128K a tie with lag 1 (kept there). Not
-#: for 16 bits: 16384 x 4 spills (255 registers and 184 bytes) and ran 60-63% at 1M-4M forward,
-#: 8192 x 4 (233 registers: two programs) 68-73; the bf16 backward (8192, 4) 91-99 at 256K-2M against
-#: the table's 98-99.
+#: 96.1-96.3 / 95.5-96.1 for the 4-slot ring by TMA; at 64K-128K a tie with lag 1 (kept there). 16-bit
+#: chunks held as tensors (a register per element) spilled: 16384 x 4, 255 registers and 184 bytes,
+#: 60-63% at 1M-4M forward; 8192 x 4 (233 registers: two programs) 68-73. Held two to a 32-bit word
+#: (``_held_words``; 255 registers, no spill): bf16 forward 16384 x 4 by TMA, folded, 92.7 /
+#: 92.3-92.6% at 4M (two runs) against 83.6-83.9 for lag 1, 93.0 / 92.7 at 2.5M / 3M against 59.4 /
+#: 69.6 (lag 1), fp16 93.4 / 93.4 / 92.8 at 2.5M / 3M / 4M against 64.3 / 75.8 / 84.1; by cp.async 87;
+#: at 1M-2M 93.2-93.4 against 94.4-94.7 for the 4-slot ring (kept there); the bf16 backward (8192, 4)
+#: 91-100 at 256K-2M against the table's 97.8-100.1.
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (8192, 4, 7, 1, 5, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
-                 (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 1, True)),
+                 (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 2, True)),
                  (4194305, (8192, 4, 7, 1, 5, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
                  (1048577, (4096, 4, 7, 1, 5, True))],
@@ -303,6 +307,45 @@ if gluon is not None:
         """A ring slot seen as one row of its elements (the registers' view)."""
         n: gl.constexpr = slot.shape[0] * slot.shape[1]
         return slot._reinterpret(slot.dtype, [n], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+    @triton.constexpr_function
+    def _word_layout(layout):
+        """The registers' layout of a 16-bit ``layout``'s elements two to a 32-bit word."""
+        return gl.BlockedLayout([layout.size_per_thread[0] // 2], layout.threads_per_warp, layout.warps_per_cta,
+                                layout.order)
+
+    @gluon.jit
+    def _held_words(slot, layout: gl.constexpr):
+        """A slot's chunk as registers hold it while it waits: 16-bit elements two to a 32-bit word
+        (the first in the low half), 32-bit ones as they are. (A 16-bit tensor takes a register per
+        element: held so, a bf16 chunk of 16384 by 4 warps spilled 184 bytes.)"""
+        n: gl.constexpr = slot.shape[0] * slot.shape[1]
+        if slot.dtype.primitive_bitwidth == 16:
+            words = slot._reinterpret(gl.int32, [n // 2], gl.SwizzledSharedLayout(1, 1, 1, [0])).load(
+                _word_layout(layout))
+        else:
+            words = _flat(slot).load(layout)
+        return words
+
+    @gluon.jit
+    def _held_zeros(dtype: gl.constexpr, n: gl.constexpr, layout: gl.constexpr):
+        """``_held_words`` of n zeros of ``dtype`` (the loop's first value)."""
+        if dtype.primitive_bitwidth == 16:
+            words = gl.zeros([n // 2], gl.int32, _word_layout(layout))
+        else:
+            words = gl.zeros([n], dtype, layout)
+        return words
+
+    @gluon.jit
+    def _held_chunk(words, dtype: gl.constexpr, layout: gl.constexpr):
+        """The chunk (``dtype``, ``layout``) of its ``_held_words`` (no data moves between threads)."""
+        if dtype.primitive_bitwidth == 16:
+            lo = words.to(gl.int16).to(dtype, bitcast=True)
+            hi = (words >> 16).to(gl.int16).to(dtype, bitcast=True)
+            chunk = gl.convert_layout(gl.join(lo, hi).reshape([2 * words.shape[0]]), layout, assert_trivial=True)
+        else:
+            chunk = words
+        return chunk
 
     @gluon.jit
     def _box(slot):
@@ -523,7 +566,8 @@ if gluon is not None:
         AHEAD2: gl.constexpr = AHEAD == 2
         HOLD: gl.constexpr = LAG2 and (STAGES == 3) and AHEAD2  # the waiting chunks are held in registers
         # lag 2 in 3 slots, 1 ahead: the unit written at step t moves from its slot into registers at the
-        # end of step t - 1 (old_a, old_b), so that its slot takes the load at the top of step t
+        # end of step t - 1 (old_a, old_b: ``_held_words``), so that its slot takes the load at the top of
+        # step t
         HOLD_OLD: gl.constexpr = LAG2 and (STAGES == 3) and (not AHEAD2)
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
@@ -561,10 +605,14 @@ if gluon is not None:
             if not TMA_LOAD:
                 async_copy.commit_group()
             nxt_done = False
-        if HOLD or HOLD_OLD:
+        if HOLD:
             old_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
             if BWD:  # (forward, b is a: not carried twice)
                 old_b = gl.zeros([CHUNK], B.dtype.element_ty, layout)
+        if HOLD_OLD:  # (as _held_words)
+            old_a = _held_zeros(A.dtype.element_ty, CHUNK, layout)
+            if BWD:
+                old_b = _held_zeros(B.dtype.element_ty, CHUNK, layout)
         if HOLD:
             held_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
             if BWD:
@@ -680,13 +728,17 @@ if gluon is not None:
                 if HAS_PRIOR:  # the whole row's statistic, for its other columns
                     gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
                     gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
-                if HOLD or HOLD_OLD:
+                if HOLD:
                     a = old_a.to(gl.float32)
+                elif HOLD_OLD:
+                    a = _held_chunk(old_a, A.dtype.element_ty, layout).to(gl.float32)
                 else:
                     a = _flat(ring_a.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
                 if BWD:
-                    if HOLD or HOLD_OLD:
+                    if HOLD:
                         b = old_b.to(gl.float32)
+                    elif HOLD_OLD:
+                        b = _held_chunk(old_b, B.dtype.element_ty, layout).to(gl.float32)
                     else:
                         b = _flat(ring_b.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
                     out = a * (b - m)
@@ -711,9 +763,9 @@ if gluon is not None:
                     old_b = held_b
                     held_b = cur_b
             if HOLD_OLD:  # the unit reduced last step (written next step) leaves its slot, refilled next
-                old_a = _flat(ring_a.index((t + 2) % 3)).load(layout)
+                old_a = _held_words(ring_a.index((t + 2) % 3), layout)
                 if BWD:
-                    old_b = _flat(ring_b.index((t + 2) % 3)).load(layout)
+                    old_b = _held_words(ring_b.index((t + 2) % 3), layout)
             prev_row = cur_row
             prev_q = cur_q
             if AHEAD2:
