@@ -121,9 +121,14 @@ except ImportError:  # pragma: no cover - older triton
 #: 69.6 (lag 1), fp16 93.4 / 93.4 / 92.8 at 2.5M / 3M / 4M against 64.3 / 75.8 / 84.1; by cp.async 87;
 #: at 1M-2M 93.2-93.4 against 94.4-94.7 for the 4-slot ring (kept there); the bf16 backward (8192, 4)
 #: 91-100 at 256K-2M against the table's 97.8-100.1.
+#: Lag 4 in 6 slots of 16 KB (4096 x 4 warps by TMA, two programs per multiprocessor, rows up to 3.2M;
+#: session 27, H200): fp32 forward 92.3 / 93.0 / 93.1 / 90.3% at 2.06M / 2.25M / 2.375M / 2.5M against
+#: 88.7 / 89.3 / 89.6 / 90.0 for the one-program deep ring (8192, lag 5; 2.25M in two runs: 93.0 / 93.0
+#: against 89.3 / 89.3), but 75.7 at 3M (its slots 97% full) against 91.0.
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
-                 (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (8192, 4, 7, 1, 5, True))],
+                 (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
+                 (2621441, (4096, 8, 7, 1, 5, True)), (2621441, (8192, 4, 7, 1, 5, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 2, True)),
                  (4194305, (8192, 4, 7, 1, 5, True))],
@@ -181,7 +186,7 @@ RINGS = ((3, 1, 1), (3, 2, 2), (3, 1, 2)) + tuple((lag + 2, 1, lag) for lag in r
 #: element size): the 16-bit backward's 16384 x 8 warps 88-90% at
 #: 512K-2M against 95-96% for its neighbour in the table; the one-program deep rings were measured
 #: by TMA only (session 20, H200).
-TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5),), ("fwd", 2): ((8192, 4, 4, 1, 2),),
+TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4)), ("fwd", 2): ((8192, 4, 4, 1, 2),),
                     ("bwd", 4): ((4096, 4, 7, 1, 5),), ("bwd", 2): ((16384, 8, 3, 2, 2), (8192, 4, 7, 1, 5))}
 
 
