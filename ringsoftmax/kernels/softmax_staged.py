@@ -17,9 +17,10 @@ sm_90+) into a ring of shared-memory slots, and a chunk is written LAG steps aft
 reduction, when the other programs' partials have long arrived (``RINGS``): with lag 1 it waits in
 its slot of 3 (the next chunk loads one step ahead); with lag 2 in its slot of 4, or in registers:
 its slot of 3 refilled at once (two ahead), or refilled one step before its write, the chunk then
-moved into registers (one ahead); with lag L in its slot of L + 2 (the deep rings, L >= 3,
-for rows of up to L - 1 chunks per program: a program keeps its units behind in small vectors and
-the last row statistic it merged, which its next units often share).
+moved into registers (one ahead); with lag L in its slot of L + 2, or of L + 1 and in registers
+for the step before its write (the deep rings, L >= 3, for rows of up to L - 1 chunks per program:
+a program keeps its units behind in small vectors and the last row statistic it merged, which its
+next units often share).
 HBM traffic is the floor (one read of each input, one write); the wait itself is off the critical
 path unless a program falls LAG steps behind.
 
@@ -125,18 +126,28 @@ except ImportError:  # pragma: no cover - older triton
 #: session 27, H200): fp32 forward 92.3 / 93.0 / 93.1 / 90.3% at 2.06M / 2.25M / 2.375M / 2.5M against
 #: 88.7 / 89.3 / 89.6 / 90.0 for the one-program deep ring (8192, lag 5; 2.25M in two runs: 93.0 / 93.0
 #: against 89.3 / 89.3), but 75.7 at 3M (its slots 97% full) against 91.0.
+#: Deep rings of lag L in L + 1 slots, the chunk written next held in registers (session 27, H200, TMA):
+#: one lag more for the same slots, so rows up to (L - 1) / (L - 2) times longer stay on chip. fp32
+#: forward (8192, 4, lag 6; rows up to 5.4M) 89.3-89.6 / 89.8-90.0% at 4.5M / 5M (two runs; the held
+#: path ran them at 80.8 / 77.9), but 90.2 at 4M against 91.7 (lag 5 kept there); fp32 backward (4096,
+#: 4, lag 6; up to 2.7M) 99.7 / 99.6 at 2M against 98.2 / 98.0, 99.0-99.2 / 99.0-99.4 at 2.25M / 2.5M
+#: (held path 87.5 / 83.7); bf16 forward (8192, 4, lag 6; up to 10.8M) 75.3-75.4 at 9M, 76.0 at 10M
+#: (two-pass 62.5 / 62.6), but 79.1 at 8M against 81.7 (lag 5 kept to its 8.65M); bf16 backward (4096,
+#: 4, lag 6; up to 5.4M) 93.9 at 3.25M against 93.2, 94.8-94.9 at 4M against 93.8, 96.2-96.4 at 4.5M
+#: (held path 83.3), but 93.7 at 3M against 96.8 (lag 5 by 4096 kept there).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
-                 (2621441, (4096, 8, 7, 1, 5, True)), (2621441, (8192, 4, 7, 1, 5, True))],
+                 (2621441, (4096, 8, 7, 1, 5, True)), (2621441, (8192, 4, 7, 1, 5, True)),
+                 (4194305, (4096, 8, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 6, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 2, True)),
-                 (4194305, (8192, 4, 7, 1, 5, True))],
+                 (4194305, (8192, 4, 7, 1, 5, True)), (8650753, (8192, 4, 7, 1, 6, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
-                 (1048577, (4096, 4, 7, 1, 5, True))],
+                 (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True))],
     ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
                  (1048576, (8192, 4, 3, 2, 2, False)), (1048576, (16384, 8, 3, 2, 2, True)),
-                 (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (8192, 4, 7, 1, 5, True))],
+                 (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (4096, 4, 7, 1, 6, True))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -177,17 +188,20 @@ CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25,
                        **{(direction, lag): lag - 1.0 for direction in ("fwd", "bwd") for lag in range(2, 7)}}
 #: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
 #: statistic in its slot (lag 1; lag L >= 2 in a ring of L + 2 slots), or in registers (lag 2 with
-#: 3 slots: its slot is refilled at once, 2 ahead; or, 1 ahead, the chunk moves into registers at the
-#: end of the step before its write, which refills its slot). With a lag of L, one row's chunks may outnumber
-#: the resident programs L - 1 times (``CLAIM_MAX_ROW_SHARE``, ``capacity``): the deep rings
-#: (L >= 3) keep rows on chip that the GPU's programs hold only a few chunks each of.
-RINGS = ((3, 1, 1), (3, 2, 2), (3, 1, 2)) + tuple((lag + 2, 1, lag) for lag in range(2, 7))
+#: 3 slots: its slot is refilled at once, 2 ahead; lag L >= 2 in L + 1 slots, 1 ahead: the chunk moves
+#: into registers at the end of the step before its write, which refills its slot). With a lag of L,
+#: one row's chunks may outnumber the resident programs L - 1 times (``CLAIM_MAX_ROW_SHARE``,
+#: ``capacity``): the deep rings (L >= 3) keep rows on chip that the GPU's programs hold only a few
+#: chunks each of.
+RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + extra, 1, lag) for extra in (1, 2) for lag in range(2, 7))
 #: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads, by (direction,
 #: element size): the 16-bit backward's 16384 x 8 warps 88-90% at
 #: 512K-2M against 95-96% for its neighbour in the table; the one-program deep rings were measured
 #: by TMA only (session 20, H200).
-TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4)), ("fwd", 2): ((8192, 4, 4, 1, 2),),
-                    ("bwd", 4): ((4096, 4, 7, 1, 5),), ("bwd", 2): ((16384, 8, 3, 2, 2), (8192, 4, 7, 1, 5))}
+TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 4, 7, 1, 6)),
+                    ("fwd", 2): ((8192, 4, 4, 1, 2), (8192, 4, 7, 1, 6)),
+                    ("bwd", 4): ((4096, 4, 7, 1, 5), (4096, 4, 7, 1, 6)),
+                    ("bwd", 2): ((16384, 8, 3, 2, 2), (4096, 4, 7, 1, 6))}
 
 
 def tma_only(direction: str, elem: int, config) -> bool:
@@ -533,10 +547,10 @@ if gluon is not None:
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
-        gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG <= 2)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
-                         | ((STAGES == LAG + 2) & (AHEAD == 1) & (LAG >= 2) & (LAG <= FIFO)),
-                         "the rings are 3 slots, 1 ahead, lag 1 or 2 (in registers); 3 slots, 2 ahead, lag 2 "
-                         "(in registers); LAG + 2 slots, 1 ahead, lag 2..8")
+        gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG == 1)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
+                         | (((STAGES == LAG + 2) | (STAGES == LAG + 1)) & (AHEAD == 1) & (LAG >= 2) & (LAG <= FIFO)),
+                         "the rings are 3 slots, 1 ahead, lag 1; 3 slots, 2 ahead, lag 2 (in registers); "
+                         "LAG + 2 slots, or LAG + 1 and one chunk in registers, 1 ahead, lag 2..8")
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -570,10 +584,10 @@ if gluon is not None:
         LAG2: gl.constexpr = LAG == 2
         AHEAD2: gl.constexpr = AHEAD == 2
         HOLD: gl.constexpr = LAG2 and (STAGES == 3) and AHEAD2  # the waiting chunks are held in registers
-        # lag 2 in 3 slots, 1 ahead: the unit written at step t moves from its slot into registers at the
-        # end of step t - 1 (old_a, old_b: ``_held_words``), so that its slot takes the load at the top of
-        # step t
-        HOLD_OLD: gl.constexpr = LAG2 and (STAGES == 3) and (not AHEAD2)
+        # lag L in L + 1 slots, 1 ahead: the unit written at step t moves from its slot into registers at
+        # the end of step t - 1 (old_a, old_b: ``_held_words``), so that its slot takes the load at the top
+        # of step t
+        HOLD_OLD: gl.constexpr = (LAG >= 2) and (STAGES == LAG + 1) and (AHEAD == 1)
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
         # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in its slot
@@ -768,9 +782,9 @@ if gluon is not None:
                     old_b = held_b
                     held_b = cur_b
             if HOLD_OLD:  # the unit reduced last step (written next step) leaves its slot, refilled next
-                old_a = _held_words(ring_a.index((t + 2) % 3), layout)
+                old_a = _held_words(ring_a.index((t + 2) % STAGES), layout)
                 if BWD:
-                    old_b = _held_words(ring_b.index((t + 2) % 3), layout)
+                    old_b = _held_words(ring_b.index((t + 2) % STAGES), layout)
             prev_row = cur_row
             prev_q = cur_q
             if AHEAD2:
