@@ -113,8 +113,8 @@ except ImportError:  # pragma: no cover - older triton
 #: forward (8192, 4 warps, cp.async; 231 registers, two programs per multiprocessor, rows up to
 #: 2.16M elements) 96.6 / 97.3 / 96.7 / 97.1 / 97.1% at 1.06M / 1.25M / 1.5M / 1.75M / 2M against
 #: 79.8 / 82.3 / 84.7 / 86.6 / 88.0 for the deep ring the table had there (8192, 4, lag 5, TMA);
-#: by TMA 91-95; two runs at 256K / 512K / 1M 96.6-96.7 / 96.8-97.2 / 97.3-97.8 against 95.7-96.4 /
-#: 96.1-96.3 / 95.5-96.1 for the 4-slot ring by TMA; at 64K-128K a tie with lag 1 (kept there). 16-bit
+#: by TMA 91-95; three runs at 256K / 512K / 1M 96.6-97.0 / 96.8-97.2 / 96.7-97.8 against 95.7-96.4 /
+#: 96.1-96.6 / 95.5-96.7 for the 4-slot ring by TMA; at 64K-128K a tie with lag 1 (kept there). 16-bit
 #: chunks held as tensors (a register per element) spilled: 16384 x 4, 255 registers and 184 bytes,
 #: 60-63% at 1M-4M forward; 8192 x 4 (233 registers: two programs) 68-73. Held two to a 32-bit word
 #: (``_held_words``; 255 registers, no spill): bf16 forward 16384 x 4 by TMA, folded, 92.7 /
