@@ -721,22 +721,26 @@ def test_staged_small_grids_gpu(programs, claim, ring, poisoned, monkeypatch):
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("claim", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_staged_16bit_chunks_held_as_words_gpu(dtype, claim, tma, poisoned, monkeypatch):
-    """Lag 2 in 3 slots, 1 ahead, on 16-bit rows: the chunk written next waits in registers two
-    elements to a 32-bit word. Forward and backward on a grid of 12 programs, rows of 5 chunks with a
-    tail, units claimed or fixed, loads by cp.async or TMA."""
+@pytest.mark.parametrize("ring, chunks", [((2048, 4, 3, 1, 2), 5), ((1024, 4, 7, 1, 6), 25)])
+def test_staged_16bit_chunks_held_as_words_gpu(ring, chunks, dtype, claim, tma, poisoned, monkeypatch):
+    """Lag L in L + 1 slots, 1 ahead, on 16-bit rows: the chunk written next waits in registers two
+    elements to a 32-bit word. Forward and backward on a grid of 12 programs: lag 2 on rows of 5
+    chunks (units claimed or fixed), lag 6 on rows of 25 (a program holds several chunks of a row;
+    claimed: fixed units take whole rows only); a tail chunk; loads by cp.async or TMA."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
     monkeypatch.setattr(S, "CLAIM", claim)
-    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", dict.fromkeys(S.CLAIM_MAX_ROW_SHARE, 1.0))
-    m, n = 50, 5 * 2048 - 48
+    monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {key: max(key[1] - 1.0, 1.0) for key in S.CLAIM_MAX_ROW_SHARE})
+    m, n = 50, chunks * ring[0] - 48
     x = make_x(m, n, dtype, "cuda", scale=30.0)
-    y, lse = torch.empty_like(x), torch.empty(m, device="cuda")
-    assert S.launch("fwd", x, x, y, lse, (2048, 4, 3, 1, 2, tma))
-    check_fwd(x, y, lse, TOL[dtype])
+    out, lse = torch.empty_like(x), torch.empty(m, device="cuda")
     y, dy = softmax_pair(m, n, dtype, "cuda")
     dx = torch.empty_like(dy)
-    assert S.launch("bwd", y, dy, dx, dx, (2048, 4, 3, 1, 2, tma))
-    check_bwd(y, dy, dx, TOL[dtype])
+    fits = claim or chunks <= 12
+    assert S.launch("fwd", x, x, out, lse, ring + (tma,)) == fits
+    assert S.launch("bwd", y, dy, dx, dx, ring + (tma,)) == fits
+    if fits:
+        check_fwd(x, out, lse, TOL[dtype])
+        check_bwd(y, dy, dx, TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 
