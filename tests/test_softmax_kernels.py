@@ -653,6 +653,45 @@ def test_occupancy_counts_reserved_shared_memory_cpu():
     assert F.occupancy(255, 300000, 32, regs, smem) == 1       # at least one
 
 
+def test_staged_register_caps_cpu():
+    """A register cap names a config of the table, and its launches (only theirs) compile with it."""
+    for (direction, elem, ring), cap in S.REGISTER_CAPS.items():
+        assert any(config[:5] == ring for _, config in S.STAGED_CONFIG[direction, elem])
+        assert cap % 8 == 0 and cap < 255
+    x = torch.empty(2, 1 << 22, dtype=torch.bfloat16)
+    consts, warps = S._constexprs("fwd", x, x, x, (8192, 4, 4, 1, 3, True), False)
+    assert consts["maxnreg"] == S.REGISTER_CAPS[("fwd", 2, (8192, 4, 4, 1, 3))] and warps == 4
+    for config in ((8192, 4, 7, 1, 5, True), (16384, 4, 3, 1, 2, True)):
+        assert "maxnreg" not in S._constexprs("fwd", x, x, x, config, False)[0]
+    assert "maxnreg" not in S._constexprs("fwd", x.float(), x.float(), x.float(), (8192, 4, 4, 1, 3, True), False)[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_staged_register_cap_gpu(dtype, poisoned):
+    """The 16-bit forward's lag 3 in 4 slots of 16 KB compiles within its register cap, so three
+    programs per multiprocessor are resident where shared memory holds three (Hopper; unbounded it
+    took 198 registers: two); rows past what two programs per multiprocessor hold run, right."""
+    config = (8192, 4, 4, 1, 3, True)
+    cap = S.REGISTER_CAPS[("fwd", 2, config[:5])]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = S.capacity(3, 2 * sms) * 8192 + 3 * 8192 + 64   # (16-bit rows: 16-byte aligned, as S.available asks)
+    x = make_x(2, n, dtype, "cuda", scale=30.0)
+    y, lse = torch.empty_like(x), torch.empty(2, device="cuda")
+    consts, warps = S._constexprs("fwd", x, x, y, config, False)
+    args = S._kernel_args(x, x, y, lse, None, consts, S._stand_in_words(x.device), 8)
+    compiled = S._staged_kernel.warmup(*args, **consts, CLAIM=True, num_warps=warps, grid=(1,))
+    compiled._init_handles()
+    assert compiled.n_regs <= cap
+    programs = S._resident(args, consts, warps, True)
+    if torch.cuda.get_device_capability()[0] == 9:  # 228 KB of shared memory per multiprocessor
+        assert programs == 3 * sms
+    assert S.launch("fwd", x, x, y, lse, config) == (programs >= 3 * sms)
+    if programs >= 3 * sms:
+        check_fwd(x, y, lse, TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
 @pytest.mark.gpu
 def test_staged_tma_only_config_gpu(poisoned):
     """bf16 backward rows of 2^20 take the TMA-only 16384 x 8 config on Hopper; rows whose length the

@@ -135,6 +135,13 @@ except ImportError:  # pragma: no cover - older triton
 #: (two-pass 62.5 / 62.6), but 79.1 at 8M against 81.7 (lag 5 kept to its 8.65M); bf16 backward (4096,
 #: 4, lag 6; up to 5.4M) 93.9 at 3.25M against 93.2, 94.8-94.9 at 4M against 93.8, 96.2-96.4 at 4.5M
 #: (held path 83.3), but 93.7 at 3M against 96.8 (lag 5 by 4096 kept there).
+#: Lag 3 in 4 slots of 16 KB, three programs per multiprocessor (session 28, H200): bf16 forward
+#: (8192, 4 warps; its registers capped, ``REGISTER_CAPS``; rows up to 2 x 396 x 8192 = 6488064)
+#: by TMA 87.2 / 88.8 / 89.1 / 89.1 / 85.0 / 84.9 / 84.7% at 4M + 64 / 4.5M / 5M / 5.5M / 5.75M / 6M
+#: / 6.125M against 76.4 / 77.8 / 78.5 / 79.2 / 79.5 / 79.8 / 80.1 for the deep ring (8192, 4, lag
+#: 5); by cp.async 81.2-85.9 against 69.3-74.6; fp16 90.7 / 86.1 at 4.5M / 5.5M against 79.1 / 80.7.
+#: Its slots full, it slows: A/B of three rounds, bf16 / fp16 84.3 / 83.2 at 6M against 79.9 / 81.5,
+#: 80.7 / 80.9 at 6488064 against 80.1 / 81.8 (lag 5 from 6M + 1).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
@@ -142,7 +149,8 @@ STAGED_CONFIG = {
                  (4194305, (4096, 8, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 6, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 2, True)),
-                 (4194305, (8192, 4, 7, 1, 5, True)), (8650753, (8192, 4, 7, 1, 6, True))],
+                 (4194305, (8192, 4, 4, 1, 3, True)), (6291457, (8192, 4, 7, 1, 5, True)),
+                 (8650753, (8192, 4, 7, 1, 6, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
                  (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True))],
     ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
@@ -202,6 +210,14 @@ TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 
                     ("fwd", 2): ((8192, 4, 4, 1, 2), (8192, 4, 7, 1, 6)),
                     ("bwd", 4): ((4096, 4, 7, 1, 5), (4096, 4, 7, 1, 6)),
                     ("bwd", 2): ((16384, 8, 3, 2, 2), (4096, 4, 7, 1, 6))}
+
+
+#: Registers a thread of a config may take (ptx ``.maxnreg``), by (direction, element size,
+#: config[:5]): where the compiler, unbounded, takes more than lets the programs its slots allow fit
+#: a multiprocessor's register file. bf16 forward (8192, 4 warps, lag 3 in 4 slots of 16 KB): 198
+#: registers unbounded, two programs per multiprocessor (rows up to 4.3M elements); at most 168 it
+#: takes 167 without a spill (sm_90a, triton 3.6) and three programs fit (rows up to 6.5M).
+REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
 
 
 def tma_only(direction: str, elem: int, config) -> bool:
@@ -962,7 +978,8 @@ def held_columns(direction: str, a, b, out, config=None) -> int:
 
 
 def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dict, int]:
-    """(constexprs but CLAIM, num_warps) of a launch of ``config`` on (M, N) rows a, b (out)."""
+    """(constexprs but CLAIM, num_warps) of a launch of ``config`` on (M, N) rows a, b (out); the
+    constexprs carry the compile option ``maxnreg`` too where ``REGISTER_CAPS`` has the config."""
     n = a.shape[1]
     chunk, warps, stages, ahead, lag, tma_load = config
     bwd = direction == "bwd"
@@ -972,6 +989,9 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior)
+    cap = REGISTER_CAPS.get((direction, max(a.element_size(), b.element_size()), tuple(config[:5])))
+    if cap is not None:
+        consts["maxnreg"] = cap
     return consts, warps
 
 
@@ -1006,6 +1026,7 @@ def memo(name: str, tensors, extra, build):
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
              WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
+             tuple(REGISTER_CAPS.items()),
              tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
