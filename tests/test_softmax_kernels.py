@@ -667,18 +667,24 @@ def test_staged_register_caps_cpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tail", [64, 80])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_staged_register_cap_gpu(dtype, poisoned):
+def test_staged_register_cap_gpu(dtype, tail, poisoned):
     """The 16-bit forward's lag 3 in 4 slots of 16 KB compiles within its register cap, so three
-    programs per multiprocessor are resident where shared memory holds three (Hopper; unbounded it
-    took 198 registers: two); rows past what two programs per multiprocessor hold run, right."""
+    programs per multiprocessor are resident where shared memory holds three (Hopper; by cp.async,
+    unbounded, it took 198 registers: two); rows past what two programs per multiprocessor hold run,
+    right. Rows of a multiple of 64 load by TMA on Hopper; with a tail of 80 (a multiple of 16, as
+    16-bit rows must be, but not of 32, the narrowest TMA box for chunks of 8192) by cp.async."""
     config = (8192, 4, 4, 1, 3, True)
     cap = S.REGISTER_CAPS[("fwd", 2, config[:5])]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n = S.capacity(3, 2 * sms) * 8192 + 3 * 8192 + 64   # (16-bit rows: 16-byte aligned, as S.available asks)
+    n = S.capacity(3, 2 * sms) * 8192 + 3 * 8192 + tail   # (16-bit rows: 16-byte aligned, as S.available asks)
     x = make_x(2, n, dtype, "cuda", scale=30.0)
+    assert S.available(x)
     y, lse = torch.empty_like(x), torch.empty(2, device="cuda")
     consts, warps = S._constexprs("fwd", x, x, y, config, False)
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert consts["TMA_LOAD"] == (hopper and tail == 64)
     args = S._kernel_args(x, x, y, lse, None, consts, S._stand_in_words(x.device), 8)
     compiled = S._staged_kernel.warmup(*args, **consts, CLAIM=True, num_warps=warps, grid=(1,))
     compiled._init_handles()

@@ -136,7 +136,8 @@ except ImportError:  # pragma: no cover - older triton
 #: 4, lag 6; up to 5.4M) 93.9 at 3.25M against 93.2, 94.8-94.9 at 4M against 93.8, 96.2-96.4 at 4.5M
 #: (held path 83.3), but 93.7 at 3M against 96.8 (lag 5 by 4096 kept there).
 #: Lag 3 in 4 slots of 16 KB, three programs per multiprocessor (session 28, H200): bf16 forward
-#: (8192, 4 warps; its registers capped, ``REGISTER_CAPS``; rows up to 2 x 396 x 8192 = 6488064)
+#: (8192, 4 warps; by cp.async with its registers capped, ``REGISTER_CAPS``; rows up to 2 x 396 x
+#: 8192 = 6488064)
 #: by TMA 87.2 / 88.8 / 89.1 / 89.1 / 85.0 / 84.9 / 84.7% at 4M + 64 / 4.5M / 5M / 5.5M / 5.75M / 6M
 #: / 6.125M against 76.4 / 77.8 / 78.5 / 79.2 / 79.5 / 79.8 / 80.1 for the deep ring (8192, 4, lag
 #: 5); by cp.async 81.2-85.9 against 69.3-74.6; fp16 90.7 / 86.1 at 4.5M / 5.5M against 79.1 / 80.7.
@@ -214,9 +215,11 @@ TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 
 
 #: Registers a thread of a config may take (ptx ``.maxnreg``), by (direction, element size,
 #: config[:5]): where the compiler, unbounded, takes more than lets the programs its slots allow fit
-#: a multiprocessor's register file. bf16 forward (8192, 4 warps, lag 3 in 4 slots of 16 KB): 198
-#: registers unbounded, two programs per multiprocessor (rows up to 4.3M elements); at most 168 it
-#: takes 167 without a spill (sm_90a, triton 3.6) and three programs fit (rows up to 6.5M).
+#: a multiprocessor's register file. 16-bit forward (8192, 4 warps, lag 3 in 4 slots of 16 KB),
+#: loading by cp.async (rows TMA cannot take): 198 registers unbounded, two programs per
+#: multiprocessor (rows up to 4.3M elements); at most 168 it takes 167 without a spill and three
+#: programs fit (rows up to 6.5M). By TMA it takes 155 unbounded, 161 capped: three either way (H200,
+#: triton 3.6; the table's figures are of the capped builds).
 REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
 
 
