@@ -766,12 +766,14 @@ def test_staged_small_grids_gpu(programs, claim, ring, poisoned, monkeypatch):
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("claim", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("ring, chunks", [((2048, 4, 3, 1, 2), 5), ((1024, 4, 7, 1, 6), 25)])
+@pytest.mark.parametrize("ring, chunks", [((2048, 4, 3, 1, 2), 5), ((1024, 4, 7, 1, 6), 25),
+                                         ((1024, 4, 4, 1, 4), 25)])
 def test_staged_16bit_chunks_held_as_words_gpu(ring, chunks, dtype, claim, tma, poisoned, monkeypatch):
     """Lag L in L + 1 slots, 1 ahead, on 16-bit rows: the chunk written next waits in registers two
-    elements to a 32-bit word. Forward and backward on a grid of 12 programs: lag 2 on rows of 5
-    chunks (units claimed or fixed), lag 6 on rows of 25 (a program holds several chunks of a row;
-    claimed: fixed units take whole rows only); a tail chunk; loads by cp.async or TMA."""
+    elements to a 32-bit word (lag L in L slots: the one after it too). Forward and backward on a grid
+    of 12 programs: lag 2 on rows of 5 chunks (units claimed or fixed), lags 6 and 4 (in 4 slots) on
+    rows of 25 (a program holds several chunks of a row; claimed: fixed units take whole rows only);
+    a tail chunk; loads by cp.async or TMA."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
     monkeypatch.setattr(S, "CLAIM", claim)
     monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {key: max(key[1] - 1.0, 1.0) for key in S.CLAIM_MAX_ROW_SHARE})

@@ -142,7 +142,11 @@ except ImportError:  # pragma: no cover - older triton
 #: / 6.125M against 76.4 / 77.8 / 78.5 / 79.2 / 79.5 / 79.8 / 80.1 for the deep ring (8192, 4, lag
 #: 5); by cp.async 81.2-85.9 against 69.3-74.6; fp16 90.7 / 86.1 at 4.5M / 5.5M against 79.1 / 80.7.
 #: Its slots full, it slows: A/B of three rounds, bf16 / fp16 84.3 / 83.2 at 6M against 79.9 / 81.5,
-#: 80.7 / 80.9 at 6488064 against 80.1 / 81.8 (lag 5 from 6M + 1).
+#: 80.7 / 80.9 at 6488064 against 80.1 / 81.8 (lag 5 from 6M + 1). Lag 4 in the same 4 slots, two
+#: chunks in registers (capped too; rows up to 3 x 396 x 8192 = 9.7M): bf16 83.9 / 84.3 / 84.6 at 6.5M /
+#: 7M / 8M against 80.4 / 80.7 / 81.4 for lag 5, fp16 85.5 against 82.4 at 7M, by cp.async 83.3-84.5;
+#: but 83.5 at 6M against lag 3's 84.5, 81.2 at 4.5M, and 74.0 / 71.2 at 8.5M / 9M (near its capacity)
+#: against 74.8 for lag 6: from 6M + 1 to 8M.
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
@@ -150,8 +154,8 @@ STAGED_CONFIG = {
                  (4194305, (4096, 8, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 6, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 2, True)),
-                 (4194305, (8192, 4, 4, 1, 3, True)), (6291457, (8192, 4, 7, 1, 5, True)),
-                 (8650753, (8192, 4, 7, 1, 6, True))],
+                 (4194305, (8192, 4, 4, 1, 3, True)), (6291457, (8192, 4, 4, 1, 4, True)),
+                 (8388609, (8192, 4, 7, 1, 5, True)), (8650753, (8192, 4, 7, 1, 6, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
                  (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True))],
     ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
@@ -198,11 +202,13 @@ CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25,
 #: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
 #: statistic in its slot (lag 1; lag L >= 2 in a ring of L + 2 slots), or in registers (lag 2 with
 #: 3 slots: its slot is refilled at once, 2 ahead; lag L >= 2 in L + 1 slots, 1 ahead: the chunk moves
-#: into registers at the end of the step before its write, which refills its slot). With a lag of L,
+#: into registers at the end of the step before its write, which refills its slot; lag L >= 3 in L
+#: slots: the chunk written after it too, two chunks in registers). With a lag of L,
 #: one row's chunks may outnumber the resident programs L - 1 times (``CLAIM_MAX_ROW_SHARE``,
 #: ``capacity``): the deep rings (L >= 3) keep rows on chip that the GPU's programs hold only a few
 #: chunks each of.
-RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + extra, 1, lag) for extra in (1, 2) for lag in range(2, 7))
+RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + extra, 1, lag) for extra in (0, 1, 2) for lag in range(2, 7)
+                                        if lag + extra >= 3)
 #: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads, by (direction,
 #: element size): the 16-bit backward's 16384 x 8 warps 88-90% at
 #: 512K-2M against 95-96% for its neighbour in the table; the one-program deep rings were measured
@@ -219,8 +225,9 @@ TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 
 #: loading by cp.async (rows TMA cannot take): 198 registers unbounded, two programs per
 #: multiprocessor (rows up to 4.3M elements); at most 168 it takes 167 without a spill and three
 #: programs fit (rows up to 6.5M). By TMA it takes 155 unbounded, 161 capped: three either way (H200,
-#: triton 3.6; the table's figures are of the capped builds).
-REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
+#: triton 3.6; the table's figures are of the capped builds). Lag 4 in the same 4 slots (two chunks
+#: in registers) by cp.async: 235 unbounded, 168 and 8 bytes of stack capped (offline sm_90a).
+REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168, ("fwd", 2, (8192, 4, 4, 1, 4)): 168}
 
 
 def tma_only(direction: str, elem: int, config) -> bool:
@@ -567,9 +574,11 @@ if gluon is not None:
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
         """
         gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG == 1)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
-                         | (((STAGES == LAG + 2) | (STAGES == LAG + 1)) & (AHEAD == 1) & (LAG >= 2) & (LAG <= FIFO)),
+                         | (((STAGES == LAG + 2) | (STAGES == LAG + 1) | (STAGES == LAG)) & (STAGES >= 3) & (AHEAD == 1)
+                            & (LAG >= 2) & (LAG <= FIFO)),
                          "the rings are 3 slots, 1 ahead, lag 1; 3 slots, 2 ahead, lag 2 (in registers); "
-                         "LAG + 2 slots, or LAG + 1 and one chunk in registers, 1 ahead, lag 2..8")
+                         "LAG + 2 slots, or LAG + 1 and one chunk in registers, or LAG (>= 3) and two, 1 ahead, "
+                         "lag 2..8")
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -606,7 +615,10 @@ if gluon is not None:
         # lag L in L + 1 slots, 1 ahead: the unit written at step t moves from its slot into registers at
         # the end of step t - 1 (old_a, old_b: ``_held_words``), so that its slot takes the load at the top
         # of step t
-        HOLD_OLD: gl.constexpr = (LAG >= 2) and (STAGES == LAG + 1) and (AHEAD == 1)
+        HOLD_OLD: gl.constexpr = (LAG >= 2) and (STAGES <= LAG + 1) and (AHEAD == 1)
+        # lag L in L slots: the unit written at step t + 1 leaves its slot at the end of step t - 1 too
+        # (next_a, next_b; at the end of step t it becomes old_a, old_b): two chunks in registers
+        HOLD2: gl.constexpr = HOLD_OLD and (STAGES == LAG)
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
         # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in its slot
@@ -651,6 +663,10 @@ if gluon is not None:
             old_a = _held_zeros(A.dtype.element_ty, CHUNK, layout)
             if BWD:
                 old_b = _held_zeros(B.dtype.element_ty, CHUNK, layout)
+        if HOLD2:
+            next_a = _held_zeros(A.dtype.element_ty, CHUNK, layout)
+            if BWD:
+                next_b = _held_zeros(B.dtype.element_ty, CHUNK, layout)
         if HOLD:
             held_a = gl.zeros([CHUNK], A.dtype.element_ty, layout)
             if BWD:
@@ -800,7 +816,13 @@ if gluon is not None:
                 if BWD:
                     old_b = held_b
                     held_b = cur_b
-            if HOLD_OLD:  # the unit reduced last step (written next step) leaves its slot, refilled next
+            if HOLD2:  # the unit written next step was held already; the one after it leaves its slot
+                old_a = next_a
+                next_a = _held_words(ring_a.index((t + 2) % STAGES), layout)
+                if BWD:
+                    old_b = next_b
+                    next_b = _held_words(ring_b.index((t + 2) % STAGES), layout)
+            elif HOLD_OLD:  # the unit reduced last step (written next step) leaves its slot, refilled next
                 old_a = _held_words(ring_a.index((t + 2) % STAGES), layout)
                 if BWD:
                     old_b = _held_words(ring_b.index((t + 2) % STAGES), layout)
