@@ -18,7 +18,8 @@ reduction, when the other programs' partials have long arrived (``RINGS``): with
 its slot of 3 (the next chunk loads one step ahead); with lag 2 in its slot of 4, or in registers:
 its slot of 3 refilled at once (two ahead), or refilled one step before its write, the chunk then
 moved into registers (one ahead); with lag L in its slot of L + 2, or of L + 1 and in registers
-for the step before its write (the deep rings, L >= 3, for rows of up to L - 1 chunks per program:
+for the step before its write, or of L and in registers for the two steps before it (the deep rings,
+L >= 3, for rows of up to L - 1 chunks per program:
 a program keeps its units behind in small vectors and the last row statistic it merged, which its
 next units often share).
 HBM traffic is the floor (one read of each input, one write); the wait itself is off the critical
