@@ -138,16 +138,15 @@ except ImportError:  # pragma: no cover - older triton
 #: (held path 83.3), but 93.7 at 3M against 96.8 (lag 5 by 4096 kept there).
 #: Lag 3 in 4 slots of 16 KB, three programs per multiprocessor (session 28, H200): bf16 forward
 #: (8192, 4 warps; by cp.async with its registers capped, ``REGISTER_CAPS``; rows up to 2 x 396 x
-#: 8192 = 6488064)
-#: by TMA 87.2 / 88.8 / 89.1 / 89.1 / 85.0 / 84.9 / 84.7% at 4M + 64 / 4.5M / 5M / 5.5M / 5.75M / 6M
-#: / 6.125M against 76.4 / 77.8 / 78.5 / 79.2 / 79.5 / 79.8 / 80.1 for the deep ring (8192, 4, lag
-#: 5); by cp.async 81.2-85.9 against 69.3-74.6; fp16 90.7 / 86.1 at 4.5M / 5.5M against 79.1 / 80.7.
-#: Its slots full, it slows: A/B of three rounds, bf16 / fp16 84.3 / 83.2 at 6M against 79.9 / 81.5,
-#: 80.7 / 80.9 at 6488064 against 80.1 / 81.8 (lag 5 from 6M + 1). Lag 4 in the same 4 slots, two
-#: chunks in registers (capped too; rows up to 3 x 396 x 8192 = 9.7M): bf16 83.9 / 84.3 / 84.6 at 6.5M /
-#: 7M / 8M against 80.4 / 80.7 / 81.4 for lag 5, fp16 85.5 against 82.4 at 7M, by cp.async 83.3-84.5;
-#: but 83.5 at 6M against lag 3's 84.5, 81.2 at 4.5M, and 74.0 / 71.2 at 8.5M / 9M (near its capacity)
-#: against 74.8 for lag 6: from 6M + 1 to 8M.
+#: 8192 = 6488064) by TMA 87.2 / 88.8 / 89.1 / 89.1 / 85.0 / 84.9 / 84.7% at 4M + 64 / 4.5M / 5M /
+#: 5.5M / 5.75M / 6M / 6.125M against 76.4 / 77.8 / 78.5 / 79.2 / 79.5 / 79.8 / 80.1 for the deep
+#: ring (8192, 4, lag 5); by cp.async 81.2-85.9 against 69.3-74.6; fp16 90.7 / 86.1 at 4.5M / 5.5M
+#: against 79.1 / 80.7. Its slots full, it slows: A/B of three rounds, bf16 / fp16 84.3 / 83.2 at 6M
+#: against 79.9 / 81.5, 80.7 / 80.9 at 6488064 against 80.1 / 81.8 (from 6M + 1 the next ring). Lag
+#: 4 in the same 4 slots, two chunks in registers (capped too; rows up to 3 x 396 x 8192 = 9.7M):
+#: bf16 83.9 / 84.3 / 84.6 at 6.5M / 7M / 8M against 80.4 / 80.7 / 81.4 for lag 5, fp16 85.5 against
+#: 82.4 at 7M, by cp.async 82.7-84.5; but 83.5 at 6M against lag 3's 84.5, 81.2 at 4.5M, and 74.0 /
+#: 71.2 at 8.5M / 9M (near its capacity) against 74.8 for lag 6: from 6M + 1 to 8M.
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
