@@ -816,16 +816,21 @@ if gluon is not None:
                 if BWD:
                     old_b = held_b
                     held_b = cur_b
-            if HOLD2:  # the unit written next step was held already; the one after it leaves its slot
-                old_a = next_a
-                next_a = _held_words(ring_a.index((t + 2) % STAGES), layout)
+            if HOLD_OLD:  # the unit in slot (t + 2) % STAGES, refilled next step, leaves it: written
+                # next step (L + 1 slots), or, L slots, the step after, the one held now written next
+                left_a = _held_words(ring_a.index((t + 2) % STAGES), layout)
                 if BWD:
-                    old_b = next_b
-                    next_b = _held_words(ring_b.index((t + 2) % STAGES), layout)
-            elif HOLD_OLD:  # the unit reduced last step (written next step) leaves its slot, refilled next
-                old_a = _held_words(ring_a.index((t + 2) % STAGES), layout)
-                if BWD:
-                    old_b = _held_words(ring_b.index((t + 2) % STAGES), layout)
+                    left_b = _held_words(ring_b.index((t + 2) % STAGES), layout)
+                if HOLD2:
+                    old_a = next_a
+                    next_a = left_a
+                    if BWD:
+                        old_b = next_b
+                        next_b = left_b
+                else:
+                    old_a = left_a
+                    if BWD:
+                        old_b = left_b
             prev_row = cur_row
             prev_q = cur_q
             if AHEAD2:
