@@ -13,8 +13,10 @@ Staged softmax (``softmax_staged.py``):
 - ``sm_nobar``: the kernel's two explicit CTA barriers of the cp.async ring removed (each thread
   reads only what its own cp.async copied; Gluon's shared-memory analysis puts barriers there
   anyway: same SASS count);
-- ``sm_nomerge``: also no reading or merging of the row's partial words (each program normalizes
-  with its own chunk's statistic);
+- ``sm_nowords``: no reading or merging of the row's partial words (each program normalizes with
+  its own chunk's statistic; barriers kept): what the merge costs (session 29, H200: 1-2 points of
+  copy at bf16 forward 3M-4M, 5-15 in the deep rings, e.g. bf16 forward 84.8 -> 94.2% at 8M);
+- ``sm_nomerge``: the same without the two barriers of ``sm_nobar``;
 - ``sm_stream``: also no chunk statistic and no publishing (a store under a false mask keeps one
   read of the chunk from shared memory and a CTA-wide min): cp.async or TMA into the ring (as the
   table says), read back, exp, store: the data path alone;
@@ -51,6 +53,19 @@ def attention(out: pathlib.Path) -> None:
                                                        "m_i.type.layout)"))
 
 
+def no_merge(src: str) -> str:
+    """The staged kernel without reading or merging a row's partial words (each program normalizes
+    with its own chunk's statistic)."""
+    src = edit(src, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
+        if not done:
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+''', '''        m, s = gl.to_tensor(0.0), gl.to_tensor(1.0)
+''')
+    return edit(src, '''            if (w_row < M) & fresh:
+                words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+''', "")
+
+
 def staged(out: pathlib.Path) -> None:
     src = (KERNELS / "softmax_staged.py").read_text()
     nobar = edit(src, '''            # every thread is done with the slot refilled below (its unit was written, or LAG 2 loaded
@@ -62,14 +77,8 @@ def staged(out: pathlib.Path) -> None:
 ''', '''            async_copy.wait_group(outstanding)
 ''')
     (out / "sm_nobar.py").write_text(nobar)
-    nomerge = edit(nobar, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
-        if not done:
-            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
-''', '''        m, s = gl.to_tensor(0.0), gl.to_tensor(1.0)
-''')
-    nomerge = edit(nomerge, '''            if (w_row < M) & fresh:
-                words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
-''', "")
+    (out / "sm_nowords.py").write_text(no_merge(src))
+    nomerge = no_merge(nobar)
     (out / "sm_nomerge.py").write_text(nomerge)
     stream = edit(nomerge, '''        cm, cs = _chunk_stat(a.to(gl.float32), b.to(gl.float32), BWD)
         gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))''',
