@@ -225,27 +225,23 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
         raise ValueError(f"{fn}: y is on {y.device}, dy on {dy.device}")
 
 
-def _elem(y, dy) -> int:
-    return max(y.element_size(), dy.element_size())
-
-
 def _rows(y, dy, dx, delta, store_dx: bool) -> None:
-    m, n = y.shape
-    block_m, block_n, _, warps = fwd.tile_config(m, n, _elem(y, dy), per_thread=BWD_ELEMS_PER_THREAD,
+    (m, n), elem = y.shape, fwd.element_size(y, dy)
+    block_m, block_n, _, warps = fwd.tile_config(m, n, elem, per_thread=BWD_ELEMS_PER_THREAD,
                                               tile=BWD_ROWS_TILE, max_warps=BWD_ROWS_MAX_WARPS)
     out = dx if store_dx else y
     strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
     _bwd_rows_kernel[(cdiv(m, block_m),)](
         y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
-        STORE_DX=store_dx, num_warps=warps, RELOAD=BWD_ROWS_CHUNK[_elem(y, dy)] is not None,
-        CHUNK=min(block_n, BWD_ROWS_CHUNK[_elem(y, dy)] or block_n),
+        STORE_DX=store_dx, num_warps=warps, RELOAD=BWD_ROWS_CHUNK[elem] is not None,
+        CHUNK=min(block_n, BWD_ROWS_CHUNK[elem] or block_n),
         **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT))
 
 
 def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
     """(M,) float32 row sums of y * dy by partial sums (into ``out`` where given)."""
     m, n = y.shape
-    elem = _elem(y, dy)
+    elem = fwd.element_size(y, dy)
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
     _partial_dot_kernel[(cdiv(m, block_m) * k,)](
@@ -259,7 +255,7 @@ def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
 
 def _elementwise(y, dy, dx, delta) -> None:
     m, n = y.shape
-    elem = _elem(y, dy)
+    elem = fwd.element_size(y, dy)
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
     _bwd_elementwise_kernel[(cdiv(m, block_m) * k,)](
         y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
@@ -268,7 +264,7 @@ def _elementwise(y, dy, dx, delta) -> None:
 
 def _persistent(y, dy, dx) -> None:
     m, n = y.shape
-    chunk, warps = BWD_SPLIT_CHUNK[_elem(y, dy)]
+    chunk, warps = BWD_SPLIT_CHUNK[fwd.element_size(y, dy)]
     k = cdiv(n, chunk)
     err = fwd.error_counter(y.device)
     cnt = torch.zeros(m, dtype=torch.int32, device=y.device)
@@ -324,7 +320,7 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
     elif fwd.held_split("bwd", y, dy, dx):
         pass
     elif fwd.use_persistent(y, n * (y.element_size() + dy.element_size()), BWD_PERSISTENT_MAX_ROW_BYTES,
-                            _elem(y, dy)):
+                            fwd.element_size(y, dy)):
         _persistent(y, dy, dx)
     else:
         _elementwise(y, dy, dx, _two_pass_dot(y, dy))

@@ -533,6 +533,12 @@ def occupancy(n_regs: int, shared: int, num_warps: int, regs_per_sm: int, shared
     return max(1, min(occ, 64 // num_warps, 32))
 
 
+def element_size(*tensors: torch.Tensor) -> int:
+    """The widest element of these tensors, in bytes: the key of the tables by element size (a
+    backward's y and dy may differ)."""
+    return max(t.element_size() for t in tensors)
+
+
 def spec_key(*tensors) -> tuple:
     """What Triton specializes a persistent kernel on: dtypes and 16-alignment of pointers, strides."""
     return tuple((t.dtype, t.data_ptr() % 16 == 0, tuple(s % 16 == 0 for s in t.stride())) for t in tensors)
@@ -657,7 +663,7 @@ def staged_fits(direction: str, a, b) -> bool:
     """Whether (M, N) rows a, b may try ``softmax_staged`` (chunks held in shared memory): the row
     length, the device and the alignment allow it (its launch may still refuse rows too long)."""
     from . import softmax_staged as S  # that module imports this one: resolved at call time
-    key = (direction, max(a.element_size(), b.element_size()))
+    key = (direction, element_size(a, b))
     return a.shape[1] >= S.STAGED_MIN_N[key] and S.available(a, b)
 
 

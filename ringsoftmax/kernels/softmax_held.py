@@ -55,7 +55,7 @@ def held_width(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     a multiple of its chunk, or 0 where the path does not apply (whole rows fit, or the held share
     is under ``HELD_MIN_SHARE``, or that is None, or the call moves under ``HELD_MIN_BYTES``)."""
     n, chunk = a.shape[1], config[0]
-    share = HELD_MIN_SHARE[direction, max(a.element_size(), b.element_size())]
+    share = HELD_MIN_SHARE[direction, F.element_size(a, b)]
     if share is None:
         return 0
     fits = S.held_columns(direction, a, b, out, config)
@@ -88,7 +88,7 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     Backward ``("bwd", y, dy, dx)``: dx (M, N) in dy.dtype.
     """
     m, n = a.shape
-    if HELD_MIN_SHARE[direction, max(a.element_size(), b.element_size())] is None or not S.available(a, b):
+    if HELD_MIN_SHARE[direction, F.element_size(a, b)] is None or not S.available(a, b):
         return False  # (checked first: the forward's long rows come here on every call)
     config, held = S.memo("held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items()),
                                                   HELD_MIN_BYTES),

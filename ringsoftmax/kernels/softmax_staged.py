@@ -895,7 +895,7 @@ def block_shared_limit(index: int) -> int:
 def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
     """The table's config for (M, N) rows a, b (``staged_config``): a ``tma_only`` config only where
     these rows take TMA loads, and slots only as large as a block's shared memory on their GPU."""
-    elem, n = max(a.element_size(), b.element_size()), a.shape[1]
+    elem, n = F.element_size(a, b), a.shape[1]
     limit = None if not a.is_cuda else block_shared_limit(a.device.index if a.device.index is not None
                                                           else torch.cuda.current_device())
     config = staged_config(direction, elem, n, max_shared=limit)
@@ -1019,7 +1019,7 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior)
-    cap = REGISTER_CAPS.get((direction, max(a.element_size(), b.element_size()), tuple(config[:5])))
+    cap = REGISTER_CAPS.get((direction, F.element_size(a, b), tuple(config[:5])))
     if cap is not None:
         consts["maxnreg"] = cap
     return consts, warps
