@@ -992,7 +992,8 @@ def test_probe_kernel_copies_apply(tmp_path, monkeypatch):
         monkeypatch.setattr(sys, "argv", [script, str(tmp_path / script)])
         runpy.run_path(str(probes / script), run_name="__main__")
     written = {p.name: p for p in tmp_path.glob("*/*.py")}
-    assert {"fa_lazy.py", "fa_pinned.py", "fa_noexp.py", "fa_mmaonly.py", "sm_stream.py"} <= set(written)
+    assert {"fa_lazy.py", "fa_pinned.py", "fa_noexp.py", "fa_mmaonly.py", "sm_stream.py", "sm_nowords.py",
+            "sm_count_merges.py", "sm_count_rereads.py"} <= set(written)
     for path in written.values():
         ast.parse(path.read_text())
 

@@ -1,4 +1,4 @@
-"""Write ablated copies of the Gluon kernels' modules, for timing beside the library with the probes'
+"""Write ablated and counting copies of the Gluon kernels' modules, for timing beside the library with the probes'
 ``--modules`` (their values are wrong on purpose: they show what a stage costs, not a result).
 
 Run:  python3 benchmarks/probes/ablations.py DIR      (then, on a GPU, e.g.)
@@ -21,6 +21,12 @@ Staged softmax (``softmax_staged.py``):
   read of the chunk from shared memory and a CTA-wide min): cp.async or TMA into the ring (as the
   table says), read back, exp, store: the data path alone;
 - ``sm_copy``: also no exp: the chunk copied through the ring as it is.
+Counting copies of the staged kernel (right values; the probe's column of waits given up then holds
+the count, for the checked launch and the timed ones together):
+- ``sm_count_merges``: each merge of a row's partial words adds 1 (session 30, H200: 12672 at bf16
+  forward 8M, 32 rows: every program merges every row once);
+- ``sm_count_rereads``: each merge adds its re-reads of words still pending (session 30: 654 at bf16
+  forward 8M, 6859 at 6M, 30-700 elsewhere: the merge's cost is not waiting).
 Each edit is checked to apply (the script fails if a source changed under it).
 """
 from __future__ import annotations
@@ -87,6 +93,13 @@ def staged(out: pathlib.Path) -> None:
     (out / "sm_stream.py").write_text(stream)
     copy = edit(stream, "out = _exp_over(a, shift, s, FOLD)", "out = a")
     (out / "sm_copy.py").write_text(copy)
+    gave_up = '''        done = (n == 0) & (spin_max >= 0)
+        gl.atomic_add(ERR, 1, mask=done == 0, sem="relaxed")
+'''
+    (out / "sm_count_merges.py").write_text(edit(src, gave_up, gave_up + '''        gl.atomic_add(ERR, 1, sem="relaxed")
+'''))
+    (out / "sm_count_rereads.py").write_text(edit(src, gave_up, gave_up + '''        gl.atomic_add(ERR, spins, sem="relaxed")
+'''))
 
 
 def main():
