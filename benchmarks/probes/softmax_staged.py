@@ -71,13 +71,17 @@ def compare(variants, direction, dname, n, m, inputs, ref, scale, nbytes, copy, 
         torch.cuda.synchronize()
         errs[name], times[name] = (out.double() - ref).abs().max().item() / scale, []
         errs[name] = (errs[name], F.sync_failures("cuda") - before)
+    timed_fails = dict.fromkeys(times, 0)
     for _ in range(rounds):
         for name in times:
+            before = F.sync_failures("cuda")
             times[name].append(bench(runs[name]))
+            timed_fails[name] += F.sync_failures("cuda") - before
     for name in times:
         t = statistics.median(times[name])
         print(f"{direction} | {dname} | {n} | {m} | {name} | - | {nbytes / t / 1e6:.0f} | "
-              f"{100 * nbytes / t / 1e6 / copy:.1f} | {errs[name][0]:.1e} | {errs[name][1]}", flush=True)
+              f"{100 * nbytes / t / 1e6 / copy:.1f} | {errs[name][0]:.1e} | {errs[name][1]} / {timed_fails[name]}",
+              flush=True)
 
 
 def module_variants(others):
@@ -175,7 +179,8 @@ def main():
     F.SPIN_MAX = 1 << 16  # a grid that is not resident gives up fast instead of stalling the run
     copy = copy_gbs()
     print(f"copy {copy:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    print("dir | dtype | N | M | variant | grid use | GB/s | % copy | max err | sync fails")
+    print("dir | dtype | N | M | variant | grid use | GB/s | % copy | max err | "
+          "waits given up (checked launch / timed launches)")
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
         elem = torch.finfo(dtype).bits // 8
@@ -244,14 +249,16 @@ def main():
                     err = (out.double() - ref).abs().max().item() / scale
                     fails = F.sync_failures("cuda") - before
                     key = [k for k in F._OCCUPANCY if k[0][0] == "softmax_staged"]
+                    before = F.sync_failures("cuda")
                     t = bench(lambda: run(cfg))
+                    timed = F.sync_failures("cuda") - before
                     q = triton.cdiv(n, cfg[0])
                     programs = max(F._OCCUPANCY[k] for k in key if dict(k[2]).get("CHUNK") == cfg[0]
                                    and dict(k[2]).get("STAGES") == cfg[2] and dict(k[2]).get("LAG") == cfg[4]
                                    and k[3] == cfg[1] and dict(k[2]).get("BWD") == (direction == "bwd"))
                     use = S.grid_plan(direction, m, q, programs, lag=cfg[4])[0] / programs
                     print(f"{direction} | {dname} | {n} | {m} | {label} | {use:.2f} of {programs} | "
-                          f"{nbytes / t / 1e6:.0f} | {100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | {fails}",
+                          f"{nbytes / t / 1e6:.0f} | {100 * nbytes / t / 1e6 / copy:.1f} | {err:.1e} | {fails} / {timed}",
                           flush=True)
                 S.FOLD_DIVISION_16BIT, S.FOLD_MIN_LAG = DEFAULT_FOLD
                 S.LOAD_EVICT, S.STORE_EVICT = DEFAULT_EVICTS
