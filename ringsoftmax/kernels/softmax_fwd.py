@@ -510,7 +510,9 @@ def resident_programs(kernel, args, constexprs: dict, num_warps: int, key) -> in
         props = triton.runtime.driver.active.utils.get_device_properties(device.index)
         per_sm = (getattr(torch.cuda.get_device_properties(device), "shared_memory_per_multiprocessor", 0)
                   or props["max_shared_mem"] + RESERVED_SHARED_PER_BLOCK)
-        occ = occupancy(compiled.n_regs, compiled.metadata.shared, num_warps, props["max_num_regs"], per_sm)
+        # (a warp-specialized build has more warps than it was asked for: its partitions')
+        warps = getattr(compiled.metadata, "num_warps", num_warps)
+        occ = occupancy(compiled.n_regs, compiled.metadata.shared, warps, props["max_num_regs"], per_sm)
         _OCCUPANCY[key] = props["multiprocessor_count"] * occ
     return _OCCUPANCY[key]
 

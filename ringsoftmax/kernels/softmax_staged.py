@@ -24,6 +24,9 @@ a program keeps its units behind in small vectors and the last row statistic it 
 next units often share).
 HBM traffic is the floor (one read of each input, one write); the wait itself is off the critical
 path unless a program falls LAG steps behind.
+Where ``MERGE_PARTITIONS`` asks for it (deep rings), the merge of a row's words runs beside the
+steps, in a partition of 4 more warps (``gl.warp_specialize``): the steps send it the row a step
+before they write a unit of it and take the row's statistic back through shared memory.
 
 Work: M * Q units, unit u being chunk u % Q of row u // Q, one per program and step. Grid: the
 programs the GPU holds at once (the waits assume they all run together: the launcher sizes the grid
@@ -147,6 +150,13 @@ except ImportError:  # pragma: no cover - older triton
 #: bf16 83.9 / 84.3 / 84.6 at 6.5M / 7M / 8M against 80.4 / 80.7 / 81.4 for lag 5, fp16 85.5 against
 #: 82.4 at 7M, by cp.async 82.7-84.5; but 83.5 at 6M against lag 3's 84.5, 81.2 at 4.5M, and 74.0 /
 #: 71.2 at 8.5M / 9M (near its capacity) against 74.8 for lag 6: from 6M + 1 to 8M.
+#: Merging partitions (``MERGE_PARTITIONS``, session 31, H200, A/B against main of 3 rounds): the
+#: 16-bit forward's lag 5 in 7 slots (two programs per multiprocessor) with the rows' words merged by
+#: 4 more warps, one step early, bf16 / fp16 86.9 / 88.1% at 5.875M, bf16 86.8 / 86.7 / 86.5 / 86.4
+#: at 6.25M / 7M / 7.5M / 8M against 82.5 / 81.3 (lag 3) and 83.9 / 84.6 / 84.7 / 84.8 (lag 4 in 4
+#: slots, out of the table since); fp16 88.0 at 7M against 85.5; by cp.async 84.8 at 7M. At 5.625M
+#: lag 3 stays (84.5-84.8 either way): from 5.75M + 1 to 8M; past 8M it lost (8M + 64: 68.5 against
+#: 75.5).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
@@ -154,7 +164,7 @@ STAGED_CONFIG = {
                  (4194305, (4096, 8, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 6, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 2, True)),
-                 (4194305, (8192, 4, 4, 1, 3, True)), (6291457, (8192, 4, 4, 1, 4, True)),
+                 (4194305, (8192, 4, 4, 1, 3, True)), (6029313, (8192, 4, 7, 1, 5, True)),
                  (8388609, (8192, 4, 7, 1, 5, True)), (8650753, (8192, 4, 7, 1, 6, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
                  (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True))],
@@ -225,9 +235,30 @@ TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 
 #: loading by cp.async (rows TMA cannot take): 198 registers unbounded, two programs per
 #: multiprocessor (rows up to 4.3M elements); at most 168 it takes 167 without a spill and three
 #: programs fit (rows up to 6.5M). By TMA it takes 155 unbounded, 161 capped: three either way (H200,
-#: triton 3.6; the table's figures are of the capped builds). Lag 4 in the same 4 slots (two chunks
-#: in registers) by cp.async: 235 unbounded, 168 and 8 bytes of stack capped (offline sm_90a).
-REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168, ("fwd", 2, (8192, 4, 4, 1, 4)): 168}
+#: triton 3.6; the table's figures are of the capped builds). (Lag 4 in the same 4 slots, capped at
+#: 168 too, left the table in session 31 for the merging partition's lag 5.)
+REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
+
+#: Deep-ring configs (lag >= 3) whose rows' partial words a partition of more warps merges, beside
+#: the program's steps (``_merge_partition``), by (direction, element size, config[:5]): (its warps,
+#: steps early it gets the row, registers per thread of the build, longest row it takes). A
+#: program's steps then only take the statistic from shared memory, where they merged up to 2048
+#: words themselves (what that costs: .notes/softmax.md, session 29). Triton gives a partition a warp
+#: group (4 warps) of registers whatever its warps: the build's registers (at launch) must let the
+#: programs that its slots allow fit a multiprocessor's 64K with 4 more warps each (two programs of
+#: 4 + 4 warps: 128; one: 248); the merging warps then keep ``MERGE_REGS`` and the steps the rest.
+#: Measured on an H200 (session 31; .notes/softmax.md): 16-bit forward, see ``STAGED_CONFIG``; float32
+#: backward (4096, 4, lag 5 in 7 slots, one program per multiprocessor) 102.5 / 102.6 / 101.9-102.1%
+#: of copy at 1.06M / 1.25M / 1.5M against 98.8 / 99.3 / 99.8-99.9, but 88.9 / 85.7 at 1.75M / 2M - 4K
+#: against 100.2 / 97.2 (limit 1.5M). Not taken: the lag-6 rings near their capacity gave waits up
+#: (bf16 backward 5M, float32 backward 2.5M: tens of thousands of fallbacks), bf16 backward 3M lost
+#: (83.1 against 95.8) where 2.5M / 4M gained 3.0 / 2.3, bf16 forward 10M -1.4, float32 forward
+#: 2.2M / 5M -3.9 / -1.5 (3M +3.0, where the table already runs 91.6). The row sent at the write's
+#: own step (early 0) lost to one step early: bf16 forward 9M 77.4 against 78.9, backward 4M 89.0
+#: against 96.4.
+MERGE_PARTITIONS = {("fwd", 2, (8192, 4, 7, 1, 5)): (4, 1, 128, 8388608),
+                    ("bwd", 4, (4096, 4, 7, 1, 5)): (4, 1, 248, 1572864)}
+MERGE_REGS = 64
 
 
 def tma_only(direction: str, elem: int, config) -> bool:
@@ -515,9 +546,10 @@ if gluon is not None:
             return m_new, s * gl.exp(m - shift) + cs * gl.exp(cm - shift)
 
     @gluon.jit
-    def _row_from_global(A, B, row, N, stride_a, stride_b, Q,
-                         BWD: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
-        """The row's statistic read from the inputs themselves: the fallback after a wait gives up."""
+    def _row_from_global(A, B, row, N, stride_a, stride_b, BWD: gl.constexpr, CHUNK: gl.constexpr,
+                         layout: gl.constexpr):
+        """The row's statistic read from the inputs themselves, CHUNK elements (``layout``) at a time:
+        the fallback after a wait gives up."""
         if BWD:
             m = 0.0
         else:
@@ -525,7 +557,7 @@ if gluon is not None:
         s = 0.0
         offs = gl.arange(0, CHUNK, layout)
         row64 = row.to(gl.int64)
-        for c in range(0, Q):
+        for c in range(0, (N + CHUNK - 1) // CHUNK):
             start = c.to(gl.int64) * CHUNK
             ok = offs < (N - start).to(gl.int32)
             a = gl.load(A + row64 * stride_a + start + offs, mask=ok, other=0.0 if BWD else float("-inf"))
@@ -547,7 +579,7 @@ if gluon is not None:
         PRIOR[M + row])."""
         done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
-            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, Q, BWD, CHUNK, layout)
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout)
         if HAS_PRIOR:
             m, s = _merge_pair(m, s, gl.load(PRIOR + row), gl.load(PRIOR + M + row), BWD)
         return m, s
@@ -557,9 +589,10 @@ if gluon is not None:
                        BWD: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
                        LAG: gl.constexpr, PBLK: gl.constexpr, LOAD_EVICT: gl.constexpr,
                        STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
-                       TMA_W: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr):
+                       TMA_W: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr,
+                       MERGE_WARPS: gl.constexpr, MERGE_EARLY: gl.constexpr, MERGE_REGS: gl.constexpr):
         """One program of the grid: one unit (chunk u % Q of row u // Q) per step, claimed from the
-        counter (``CLAIM``) or fixed (see the module doc).
+        counter (``CLAIM``) or fixed (see the module doc); the steps are ``_staged_steps``.
 
         A (M, N) is x forward / y backward, B is dy backward (A again forward); OUT (M, N) contiguous;
         LSE (M,) float32 (forward only); P (M * Q + 1) int64: the partial words, all PENDING_WORD,
@@ -572,16 +605,18 @@ if gluon is not None:
         FOLD: the forward's division folded into its exponent (16-bit outputs, see ``_exp_over``).
         TMA_LOAD: the chunks arrive by TMA through DA, DB, the (M, N / TMA_W, TMA_W) views of A and
         B with (1, CHUNK / TMA_W, TMA_W) boxes (unused otherwise).
+        MERGE_WARPS > 0 (deep rings, LAG >= 3): a partition of that many more warps (MERGE_REGS
+        registers each) merges the rows' partial words (``_merge_partition``), MERGE_EARLY (0 or 1)
+        steps before the unit that needs the row's statistic is written, off the steps' path.
         """
+        gl.static_assert((MERGE_WARPS == 0) | ((LAG >= 3) & ((MERGE_EARLY == 0) | (MERGE_EARLY == 1))),
+                         "a merging partition serves the deep rings (LAG >= 3), 0 or 1 steps early")
         gl.static_assert(((STAGES == 3) & (AHEAD == 1) & (LAG == 1)) | ((STAGES == 3) & (AHEAD == 2) & (LAG == 2))
                          | (((STAGES == LAG + 2) | (STAGES == LAG + 1) | (STAGES == LAG)) & (STAGES >= 3) & (AHEAD == 1)
                             & (LAG >= 2) & (LAG <= FIFO)),
                          "the rings are 3 slots, 1 ahead, lag 1; 3 slots, 2 ahead, lag 2 (in registers); "
                          "LAG + 2 slots, or LAG + 1 and one chunk in registers, or LAG (>= 3) and two, 1 ahead, "
                          "lag 2..8")
-        VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
-        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
-        playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         # the ring: STAGES slots of (R, W) = one chunk each, row-major (no swizzle) in both layouts
         if TMA_LOAD:
             W: gl.constexpr = TMA_W
@@ -607,7 +642,42 @@ if gluon is not None:
             fence_async_shared()
         else:
             bars = ring_a  # unused
+        MERGE: gl.constexpr = MERGE_WARPS > 0
+        if MERGE:  # two-item queues between the partitions: rows to merge, their statistics back
+            queue_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+            rows = gl.allocate_shared_memory(gl.int32, [2, 2], queue_layout)
+            stats = gl.allocate_shared_memory(gl.float32, [2, 2], queue_layout)
+            queue_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(4):
+                mbarrier.init(queue_bars.index(i), count=1)
+            fence_async_shared()
+            gl.warp_specialize([(_staged_steps, (A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b,
+                                                 stride_o, Q, spin_max, ring_a, ring_b, bars, rows, stats, queue_bars,
+                                                 BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT, STORE_EVICT, FOLD,
+                                                 TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY)),
+                                (_merge_partition, (A, B, P, ERR, PRIOR, M, N, stride_a, stride_b, Q, spin_max, rows,
+                                                    stats, queue_bars, BWD, PBLK, HAS_PRIOR))],
+                               [MERGE_WARPS], [MERGE_REGS])
+        else:
+            _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
+                          ring_a, ring_b, bars, bars, bars, bars, BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT,
+                          STORE_EVICT, FOLD, TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY)
 
+    @gluon.jit
+    def _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
+                      ring_a, ring_b, bars, rows, stats, queue_bars, BWD: gl.constexpr, CHUNK: gl.constexpr,
+                      STAGES: gl.constexpr, AHEAD: gl.constexpr, LAG: gl.constexpr, PBLK: gl.constexpr,
+                      LOAD_EVICT: gl.constexpr, STORE_EVICT: gl.constexpr, FOLD: gl.constexpr,
+                      TMA_LOAD: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr, MERGE: gl.constexpr,
+                      MERGE_EARLY: gl.constexpr):
+        """A program's steps (``_staged_kernel``'s arguments; ``ring_a``, ``ring_b``: its slots, ``bars``
+        their TMA barriers). ``MERGE``: the rows' statistics come from the merging partition through
+        ``rows`` and ``stats`` (``_queue_put``, ``_queue_get``; ``queue_bars`` 0-1 and 2-3): item t is
+        the row of the unit written at step t, sent at step t - MERGE_EARLY, its statistic taken at
+        step t (every item, in order: a slot is reused two items on)."""
+        VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
+        playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
         offs = gl.arange(0, CHUNK, layout)
         LAG2: gl.constexpr = LAG == 2
         AHEAD2: gl.constexpr = AHEAD == 2
@@ -683,6 +753,9 @@ if gluon is not None:
             st_s = gl.to_tensor(1.0)
         else:
             fifo_row = M  # (unused)
+        if MERGE:  # items 0 .. MERGE_EARLY - 1 are sent before step 0: none (no unit is written before step LAG)
+            for k in gl.static_range(MERGE_EARLY):
+                _queue_put(rows, queue_bars, k, M, 0)
         cur_done = False   # cur was reduced early (see below)
         t = 0
         while _pending(DEEP, fifo_row, old_row, prev_row, cur_row, M):
@@ -728,7 +801,9 @@ if gluon is not None:
                 w_q = prev_q
                 fresh = True
             words = gl.zeros([PBLK], gl.int64, playout)
-            if (w_row < M) & fresh:
+            if MERGE:  # the merging partition reads them: item t + MERGE_EARLY is the row written then
+                _queue_put(rows, queue_bars, t + MERGE_EARLY, _fifo_get(fifo_row, fidx, (t + MERGE_EARLY) % LAG), 0)
+            elif (w_row < M) & fresh:
                 words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
 
             # reduce cur as soon as it is in and publish its partial (no wait, no fence); LAG 2 keeps it
@@ -766,8 +841,13 @@ if gluon is not None:
 
             # write the unit LAG steps back (from registers, or its slot), with the row statistic
             # merged from every program's partial
+            if MERGE:
+                merged_m, merged_s = _queue_get(stats, queue_bars, t, 2)
             if w_row < M:
-                if DEEP:
+                if MERGE:
+                    m = merged_m
+                    s = merged_s
+                elif DEEP:
                     m = st_m
                     s = st_s
                     if fresh:
@@ -847,6 +927,52 @@ if gluon is not None:
             t += 1
         if not TMA_LOAD:
             async_copy.wait_group(0)
+        if MERGE:  # the merging partition's last item
+            _queue_put(rows, queue_bars, t + MERGE_EARLY, -1, 0)
+
+    @gluon.jit
+    def _queue_put(buf, queue_bars, k, a, b, BARS: gl.constexpr = 0):
+        """Send item ``k`` = (a, b) of a two-slot queue between partitions: into slot k % 2 of ``buf``
+        (2, 2), then one arrival on barrier BARS + k % 2 of ``queue_bars``. Item k - 2 must have been
+        taken."""
+        pair: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])  # both in every thread
+        i = gl.arange(0, 2, pair)
+        buf.index(k % 2).store(gl.where(i == 0, a, b).to(buf.dtype))
+        mbarrier.arrive(queue_bars.index(BARS + k % 2))
+
+    @gluon.jit
+    def _queue_get(buf, queue_bars, k, BARS: gl.constexpr = 0):
+        """Item ``k`` (a, b) of the queue ``_queue_put`` sends, once it is in."""
+        mbarrier.wait(queue_bars.index(BARS + k % 2), (k // 2) & 1)
+        pair: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
+        i = gl.arange(0, 2, pair)
+        v = buf.index(k % 2).load(pair)
+        return gl.sum(gl.where(i == 0, v, 0), axis=0), gl.sum(gl.where(i == 1, v, 0), axis=0)
+
+    @gluon.jit
+    def _merge_partition(A, B, P, ERR, PRIOR, M, N, stride_a, stride_b, Q, spin_max, rows, stats, queue_bars,
+                         BWD: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr):
+        """The merging partition of ``_staged_kernel`` (its own warps): for each item of ``rows`` (a
+        row; >= M: none; -1: the end), the row's statistic from its partial words (``_merged_row``;
+        the last row's kept, as consecutive items often share it) sent back through ``stats``."""
+        VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
+        playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        k = 0
+        row = M * 0
+        last = M * 0 - 1
+        m = gl.to_tensor(0.0)
+        s = gl.to_tensor(1.0)
+        while row >= 0:
+            row, _unused = _queue_get(rows, queue_bars, k)
+            if row >= 0:
+                if (row < M) & (row != last):
+                    words = _row_words(P + row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+                    m, s = _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max,
+                                       BWD, VEC * 32 * gl.num_warps(), PBLK, HAS_PRIOR, layout, playout)
+                    last = row
+                _queue_put(stats, queue_bars, k, m, s, 2)
+            k += 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1014,14 +1140,19 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
     chunk, warps, stages, ahead, lag, tma_load = config
     bwd = direction == "bwd"
     width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
+    key = (direction, F.element_size(a, b), tuple(config[:5]))
+    merge_warps, merge_early, merge_cap, longest = MERGE_PARTITIONS.get(key, (0, 0, None, 0))
+    if n > longest:
+        merge_warps, merge_early, merge_cap = 0, 0, None
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
                   PBLK=max(WORDS_BLOCK, next_power_of_2(cdiv(n, chunk))),
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
-                  TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior)
-    cap = REGISTER_CAPS.get((direction, F.element_size(a, b), tuple(config[:5])))
-    if cap is not None:
-        consts["maxnreg"] = cap
+                  TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior,
+                  MERGE_WARPS=merge_warps, MERGE_EARLY=merge_early, MERGE_REGS=MERGE_REGS)
+    caps = [REGISTER_CAPS.get(key), merge_cap]
+    if any(caps):
+        consts["maxnreg"] = min(cap for cap in caps if cap)
     return consts, warps
 
 
@@ -1056,7 +1187,7 @@ def memo(name: str, tensors, extra, build):
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
              WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
-             tuple(REGISTER_CAPS.items()),
+             tuple(REGISTER_CAPS.items()), tuple(MERGE_PARTITIONS.items()), MERGE_REGS,
              tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
