@@ -247,6 +247,7 @@ REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
 #: group (4 warps) of registers whatever its warps: the build's registers (at launch) must let the
 #: programs that its slots allow fit a multiprocessor's 64K with 4 more warps each (two programs of
 #: 4 + 4 warps: 128; one: 248); the merging warps then keep ``MERGE_REGS`` and the steps the rest.
+#: Hopper and later only (Ampere runs these configs without the partition).
 #: Measured on an H200 (session 31; .notes/softmax.md): 16-bit forward, see ``STAGED_CONFIG``; float32
 #: backward (4096, 4, lag 5 in 7 slots, one program per multiprocessor) 102.5 / 102.6 / 101.9-102.1%
 #: of copy at 1.06M / 1.25M / 1.5M against 98.8 / 99.3 / 99.8-99.9, but 88.9 / 85.7 at 1.75M / 2M - 4K
@@ -1142,7 +1143,8 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
     width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
     key = (direction, F.element_size(a, b), tuple(config[:5]))
     merge_warps, merge_early, merge_cap, longest = MERGE_PARTITIONS.get(key, (0, 0, None, 0))
-    if n > longest:
+    if n > longest or (a.is_cuda and cuda_major(a.device) < 9):
+        # (the partitions' register split, setmaxnreg, is sm_90+: for sm_80 LLVM aborts the compile)
         merge_warps, merge_early, merge_cap = 0, 0, None
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
                   PBLK=max(WORDS_BLOCK, next_power_of_2(cdiv(n, chunk))),
