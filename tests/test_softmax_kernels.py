@@ -669,22 +669,28 @@ def test_staged_register_caps_cpu():
     x = torch.empty(2, 1 << 22, dtype=torch.bfloat16)
     consts, warps = S._constexprs("fwd", x, x, x, (8192, 4, 4, 1, 3, True), False)
     assert consts["maxnreg"] == S.REGISTER_CAPS[("fwd", 2, (8192, 4, 4, 1, 3))] and warps == 4
-    for config in ((8192, 4, 7, 1, 6, True), (16384, 4, 3, 1, 2, True)):  # (merging partitions: below)
+    for config in ((8192, 4, 4, 1, 2, True), (16384, 4, 3, 1, 2, True)):  # (merging partitions: below)
         assert "maxnreg" not in S._constexprs("fwd", x, x, x, config, False)[0]
     assert "maxnreg" not in S._constexprs("fwd", x.float(), x.float(), x.float(), (8192, 4, 4, 1, 3, True), False)[0]
 
 
 def test_staged_merge_partitions_cpu():
     """A merging partition names a deep ring of the table and compiles into its launches only up to
-    its longest row, with its register cap."""
-    for (direction, elem, ring), (warps, early, cap, longest) in S.MERGE_PARTITIONS.items():
+    its longest row, with its register cap, waiting for a row's pending words only up to its longest
+    row that does."""
+    for (direction, elem, ring), (warps, early, cap, longest, waiting) in S.MERGE_PARTITIONS.items():
         config = [c for n, c in S.STAGED_CONFIG[direction, elem] if c[:5] == ring and n <= longest]
         assert config and ring[4] >= 3 and warps in (1, 2, 4) and early in (0, 1) and cap % 8 == 0 and cap <= 255
+        assert 0 <= waiting <= longest
         dtype = torch.float32 if elem == 4 else torch.bfloat16
-        for n, merged in ((longest, True), (longest + 256, False)):
+        lengths = [(n, True, n <= waiting) for n in (waiting, waiting + 256) if 0 < n <= longest]
+        if longest < 1 << 30:  # (an entry for rows of any length: its end is not one to allocate)
+            lengths.append((longest + 256, False, False))
+        for n, merged, waits in lengths:
             x = torch.empty(2, n, dtype=dtype)
             consts, _ = S._constexprs(direction, x, x, x, config[0], False)
             assert (consts["MERGE_WARPS"], consts["MERGE_EARLY"]) == ((warps, early) if merged else (0, 0))
+            assert consts["MERGE_WAITS"] == waits
             assert consts.get("maxnreg") == (cap if merged else S.REGISTER_CAPS.get((direction, elem, ring)))
 
 
@@ -814,24 +820,28 @@ def test_staged_16bit_chunks_held_as_words_gpu(ring, chunks, dtype, claim, tma, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("claim, chunks", [(True, 25), (False, 11)])
+@pytest.mark.parametrize("claim, chunks", [(True, 25), (True, "full"), (False, 11)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("early", [0, 1])
+@pytest.mark.parametrize("early, waits", [(0, True), (1, True), (1, False)])
 @pytest.mark.parametrize("ring", [(7, 1, 5), (7, 1, 6), (4, 1, 4)])
-def test_staged_merge_partition_gpu(ring, early, dtype, claim, chunks, poisoned, monkeypatch):
+def test_staged_merge_partition_gpu(ring, early, waits, dtype, claim, chunks, poisoned, monkeypatch):
     """Deep rings whose rows' partial words a partition of 4 more warps merges (``MERGE_PARTITIONS``),
-    the row sent to it at the step its unit is written or one before (``early``): forward and
-    backward on a grid of 12 programs, rows of 25 chunks with a tail, units claimed (a program holds
-    several chunks of a row), or 11 as fixed units; 16-bit rows by TMA, float32 by cp.async."""
+    the row sent to it at the step its unit is written or one before (``early``), waiting for pending
+    words or leaving those rows to the steps (``waits``): forward and backward on a grid of 12
+    programs, rows of 25 chunks with a tail, or of all but 2 of the chunks the ring holds ("full":
+    rows then often complete only at the write's step), units claimed (a program holds several
+    chunks of a row), or 11 as fixed units; 16-bit rows by TMA, float32 by cp.async."""
+    chunks = S.capacity(ring[2], 12) - 2 if chunks == "full" else chunks
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
     monkeypatch.setattr(S, "CLAIM", claim)
     monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {key: max(key[1] - 1.0, 1.0) for key in S.CLAIM_MAX_ROW_SHARE})
     config = (1024, 4, *ring, dtype != torch.float32)
     elem = torch.finfo(dtype).bits // 8
-    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, elem, config[:5]): (4, early, 128, 1 << 40)
-                                                           for d in ("fwd", "bwd")})
+    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, elem, config[:5]): (4, early, 128, 1 << 40, 1 << 40 if waits else 0)
+                                                for d in ("fwd", "bwd")})
     consts, _ = S._constexprs("fwd", *[torch.empty(2, 4096, dtype=dtype)] * 3, config, False)
     assert consts["MERGE_WARPS"] == 4 and consts["MERGE_EARLY"] == early and consts["maxnreg"] == 128
+    assert consts["MERGE_WAITS"] == waits
     m, n = 50, chunks * 1024 - 48
     x = make_x(m, n, dtype, "cuda", scale=30.0)
     out, lse = torch.empty_like(x), torch.empty(m, device="cuda")
@@ -844,13 +854,16 @@ def test_staged_merge_partition_gpu(ring, early, dtype, claim, chunks, poisoned,
 
 
 @pytest.mark.gpu
-def test_staged_merge_partition_that_gives_up_still_computes_right_gpu(poisoned, monkeypatch):
-    """SPIN_MAX < 0 with a merging partition: it reads every row's statistic from global memory
-    itself (``_row_from_global`` by its own 4 warps)."""
+@pytest.mark.parametrize("waits", [True, False])
+def test_staged_merge_partition_that_gives_up_still_computes_right_gpu(waits, poisoned, monkeypatch):
+    """SPIN_MAX < 0 with a merging partition: every row's statistic is read from global memory, by
+    the partition's own 4 warps (``waits``: ``_row_from_global``) or by the steps, which it leaves
+    the rows to."""
     monkeypatch.setattr(F, "SPIN_MAX", -1)
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
     config = (1024, 4, 7, 1, 5, True)
-    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, 2, config[:5]): (4, 1, 128, 1 << 40) for d in ("fwd", "bwd")})
+    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, 2, config[:5]): (4, 1, 128, 1 << 40, 1 << 40 if waits else 0)
+                                                for d in ("fwd", "bwd")})
     before = F.sync_failures("cuda")
     try:
         x = make_x(9, 30 * 1024 + 16, torch.bfloat16, "cuda", scale=50.0)
@@ -983,15 +996,17 @@ def test_held_split_gpu(direction, dtype, n, poisoned, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("waits", [True, False])
 @pytest.mark.parametrize("direction, dtype, n", [("fwd", torch.float32, 2**21 + 12288),
                                                   ("fwd", torch.bfloat16, 2**23 + 8192),
                                                   ("bwd", torch.bfloat16, 2**21 + 4096)])
-def test_held_split_merge_partition_gpu(direction, dtype, n, poisoned, monkeypatch):
+def test_held_split_merge_partition_gpu(direction, dtype, n, waits, poisoned, monkeypatch):
     """``test_held_split_gpu``'s deep rings with a merging partition (``MERGE_PARTITIONS``): the
-    streamed columns' statistic merged by it."""
+    streamed columns' statistic merged by it (or by the steps, where it leaves them a row)."""
     elem = torch.finfo(dtype).bits // 8
     assert S.staged_config(direction, elem, n)[4] >= 3
-    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(direction, elem, config[:5]): (4, 1, 128, 1 << 40)
+    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(direction, elem, config[:5]): (4, 1, 128, 1 << 40,
+                                                                                 1 << 40 if waits else 0)
                                                 for _, config in S.STAGED_CONFIG[direction, elem] if config[4] >= 3})
     _check_held_split(direction, dtype, n, monkeypatch)
 

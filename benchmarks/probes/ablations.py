@@ -67,9 +67,9 @@ def no_merge(src: str) -> str:
             m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout)
 ''', '''        m, s = gl.to_tensor(0.0), gl.to_tensor(1.0)
 ''')
-    return edit(src, '''            elif (w_row < M) & fresh:
-                words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
-''', "")
+    return edit(src, '''                if (w_row < M) & fresh:
+                    words = _row_words(P + w_row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
+''', "                pass\n")
 
 
 def staged(out: pathlib.Path) -> None:
