@@ -148,7 +148,7 @@ def main():
     ap.add_argument("--configs", default="",
                     help="replace the configs of some (direction, element size): "
                          "'fwd/4=4096:4:3:1:1:0,8192:8:3:1:1:1 bwd/2=...' (chunk:warps:stages:ahead:lag:tma; the ring "
-                         "is one of softmax_staged.RINGS: 3:1:1, 3:2:2, L:1:L (L = 3..6), L+1:1:L or L+2:1:L for L = 2..6)")
+                         "is one of softmax_staged.RINGS: 3:1:1, 3:2:2, L:1:L (L = 3..7), L+1:1:L or L+2:1:L for L = 2..6)")
     ap.add_argument("--max-programs", type=int, default=S.MAX_PROGRAMS_PER_ROW,
                     help="most programs per row (the kernel reads a row's partial words as one block)")
     ap.add_argument("--modules", default="", help="name=path,... other copies of softmax_staged.py")

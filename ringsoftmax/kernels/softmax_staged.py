@@ -160,20 +160,35 @@ except ImportError:  # pragma: no cover - older triton
 #: lag 3 stays (84.5-84.8 either way): from 5.75M + 1 to 8M; past 8M the partition's wait for pending
 #: words lost (8M + 64: 68.5 against 75.5), so from 8M + 1 it leaves those rows to the steps (session
 #: 32: 78.7 against 75.7; see ``MERGE_PARTITIONS``, which the lag-6 ring from 8.25M + 1 takes too).
+#: Lag 7 in 7 slots (two chunks in registers; session 32, H200, TMA) past each lag-6 ring's capacity,
+#: where rows went to the held path (``softmax_held``): one chunk per program more of a row on chip,
+#: up to 6.5M float32 / 13M 16-bit elements forward, 3.2M / 6.5M backward. fp32 forward (8192, one
+#: program per multiprocessor) 86.3 / 86.7% at 5.5M / 6M against 78.8 / 76.6; bf16 forward 72.9 /
+#: 73.1 at 11M / 12M against 62.1 / 62.2 (but 71.4-72.5 at 9M-10M against lag 6's 77.6-77.8); bf16
+#: backward 94.9 / 94.8 / 94.7 at 5.25M / 5.5M / 6M against 87.2 / 84.4 / 81.2 (at 4.5M / 5M 94.3 /
+#: 94.8 against lag 6's 95.2 / 95.0; at 4M 95.2 against 97.0 for lag 6 with the partition); fp32
+#: backward (with the partition to 2.5M) 99.7 / 100.0 / 98.0 / 98.2 at 2.375M /
+#: 2.5M / 2.625M / 3M against 99.0 / 99.2 / 93.5 / 86.8. Rows past these take the held path with
+#: the lag-7 ring: fp32 / bf16 backward 4M / 8M 82.7 / 79.3 against 78.6 / 74.2, fp32 forward 8M
+#: 74.7 against 73.4, bf16 forward 16M 62.1 against 62.3.
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
                  (2621441, (4096, 8, 7, 1, 5, True)), (2621441, (8192, 4, 7, 1, 5, True)),
-                 (4194305, (4096, 8, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 6, True))],
+                 (4194305, (4096, 8, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 6, True)),
+                 (5406721, (8192, 4, 7, 1, 7, True))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, True)), (65536, (16384, 4, 3, 1, 1, True)),
                  (1048576, (8192, 4, 4, 1, 2, True)), (2097153, (16384, 4, 3, 1, 2, True)),
                  (4194305, (8192, 4, 4, 1, 3, True)), (6029313, (8192, 4, 7, 1, 5, True)),
-                 (8388609, (8192, 4, 7, 1, 5, True)), (8650753, (8192, 4, 7, 1, 6, True))],
+                 (8388609, (8192, 4, 7, 1, 5, True)), (8650753, (8192, 4, 7, 1, 6, True)),
+                 (10813441, (8192, 4, 7, 1, 7, True))],
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
-                 (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True))],
+                 (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True)),
+                 (2359297, (4096, 4, 7, 1, 7, True))],
     ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
                  (1048576, (8192, 4, 3, 2, 2, False)), (1048576, (16384, 8, 3, 2, 2, True)),
-                 (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (4096, 4, 7, 1, 6, True))],
+                 (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (4096, 4, 7, 1, 6, True)),
+                 (5406721, (4096, 4, 7, 1, 7, True))],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -211,25 +226,25 @@ TMA_LOADS = True
 #: programs) and by -0.2 to +1.1 at 64K-2M bf16.
 CLAIM = True
 CLAIM_MAX_ROW_SHARE = {("fwd", 1): 0.125, ("bwd", 1): 0.25,
-                       **{(direction, lag): lag - 1.0 for direction in ("fwd", "bwd") for lag in range(2, 7)}}
+                       **{(direction, lag): lag - 1.0 for direction in ("fwd", "bwd") for lag in range(2, 8)}}
 #: The rings the kernel has, (slots, rows loaded ahead, rows of lag): a chunk waits for its row's
 #: statistic in its slot (lag 1; lag L >= 2 in a ring of L + 2 slots), or in registers (lag 2 with
 #: 3 slots: its slot is refilled at once, 2 ahead; lag L >= 2 in L + 1 slots, 1 ahead: the chunk moves
 #: into registers at the end of the step before its write, which refills its slot; lag L >= 3 in L
-#: slots: the chunk written after it too, two chunks in registers). With a lag of L,
+#: slots: the chunk written after it too, two chunks in registers; up to lag 7 there). With a lag of L,
 #: one row's chunks may outnumber the resident programs L - 1 times (``CLAIM_MAX_ROW_SHARE``,
 #: ``capacity``): the deep rings (L >= 3) keep rows on chip that the GPU's programs hold only a few
 #: chunks each of.
 RINGS = ((3, 1, 1), (3, 2, 2)) + tuple((lag + extra, 1, lag) for extra in (0, 1, 2) for lag in range(2, 7)
-                                        if lag + extra >= 3)
+                                        if lag + extra >= 3) + ((7, 1, 7),)
 #: Configs (chunk, warps, slots, ahead, lag) the table takes only with TMA loads, by (direction,
 #: element size): the 16-bit backward's 16384 x 8 warps 88-90% at
 #: 512K-2M against 95-96% for its neighbour in the table; the one-program deep rings were measured
 #: by TMA only (session 20, H200).
-TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 4, 7, 1, 6)),
-                    ("fwd", 2): ((8192, 4, 4, 1, 2), (8192, 4, 7, 1, 6)),
-                    ("bwd", 4): ((4096, 4, 7, 1, 5), (4096, 4, 7, 1, 6)),
-                    ("bwd", 2): ((16384, 8, 3, 2, 2), (4096, 4, 7, 1, 6))}
+TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 4, 7, 1, 6), (8192, 4, 7, 1, 7)),
+                    ("fwd", 2): ((8192, 4, 4, 1, 2), (8192, 4, 7, 1, 6), (8192, 4, 7, 1, 7)),
+                    ("bwd", 4): ((4096, 4, 7, 1, 5), (4096, 4, 7, 1, 6), (4096, 4, 7, 1, 7)),
+                    ("bwd", 2): ((16384, 8, 3, 2, 2), (4096, 4, 7, 1, 6), (4096, 4, 7, 1, 7))}
 
 
 #: Registers a thread of a config may take (ptx ``.maxnreg``), by (direction, element size,
@@ -279,7 +294,8 @@ MERGE_PARTITIONS = {("fwd", 2, (8192, 4, 7, 1, 5)): (4, 1, 128, 8650752, 8388608
                     ("bwd", 2, (4096, 4, 7, 1, 5)): (4, 1, 128, 3145728, 0),
                     ("bwd", 2, (4096, 4, 7, 1, 6)): (4, 1, 128, 4194304, 0),
                     ("bwd", 4, (4096, 4, 7, 1, 5)): (4, 1, 248, 1572864, 1572864),
-                    ("bwd", 4, (4096, 4, 7, 1, 6)): (4, 1, 248, 2359296, 0)}
+                    ("bwd", 4, (4096, 4, 7, 1, 6)): (4, 1, 248, 2359296, 0),
+                    ("bwd", 4, (4096, 4, 7, 1, 7)): (4, 1, 248, 2621440, 0)}
 MERGE_REGS = 64
 
 
