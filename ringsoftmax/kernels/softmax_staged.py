@@ -278,8 +278,9 @@ REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
 #: - 16-bit backward, leaving pending rows to the steps: lag 5 97.4 / 97.7 / 98.3-98.4 / 98.2 at 2.06M /
 #:   2.25M / 2.5M / 3M against 94.1 / 94.4 / 95.3 / 95.9 (cp.async 89.9 / 91.6 at 2.5M / 3M against 82.6
 #:   / 85.2; fp16 98.3 at 3M against 96.6), lag 6 96.4 / 96.9 at 3.25M / 4M against 93.1 / 94.2, but
-#:   85.9 / 85.2 at 4.5M / 5M against 94.8 (its slots 87-97% full): to 4M. Waiting lost at 3M (83.6:
-#:   a partition spinning on a row's words for most of a step, about one re-read per merge).
+#:   85.9 / 85.2 at 4.5M / 5M against 94.8 (rows of more than 1024 chunks, whose words are read as a
+#:   block of 2048; lag 7 lost the same at 4.5M, 73% full): to 4M. Waiting lost at 3M (83.6: a
+#:   partition re-reading a row's words about once per merge).
 #: - float32 backward (one program per multiprocessor), waiting: lag 5 102.5 / 102.6 / 101.9-102.1 at
 #:   1.06M / 1.25M / 1.5M against 98.8 / 99.3 / 99.8-99.9, but 88.9 / 85.7 at 1.75M / 2M - 4K; leaving
 #:   them to the steps there 91.4 / 83.2 (against 100.3 / 96.3; at 1.25M 101.0 against waiting's
@@ -1011,8 +1012,8 @@ if gluon is not None:
         PENDING at its first read: ``WAITS``, re-read until all are in (``_merged_row``, which gives up
         to the inputs); else a sum of -1 is sent (also for ``spin_max < 0``, the tests' give-up), and
         the steps merge the row from their own read of its words, a step later. (Waiting here gained
-        in the 16-bit forward and lost in the backward near a ring's capacity, where rows are often
-        not complete a step before their write: .notes/softmax.md, session 32.)"""
+        in the 16-bit forward up to 8M; in the backward it lost where its first read often found words
+        pending, about one re-read per merge at bf16 3M: .notes/softmax.md, sessions 31-32.)"""
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
