@@ -140,7 +140,9 @@ except ImportError:  # pragma: no cover - older triton
 #: (held path 87.5 / 83.7); bf16 forward (8192, 4, lag 6; up to 10.8M) 75.3-75.4 at 9M, 76.0 at 10M
 #: (two-pass 62.5 / 62.6), but 79.1 at 8M against 81.7 (lag 5 kept to its 8.65M); bf16 backward (4096,
 #: 4, lag 6; up to 5.4M) 93.9 at 3.25M against 93.2, 94.8-94.9 at 4M against 93.8, 96.2-96.4 at 4.5M
-#: (held path 83.3), but 93.7 at 3M against 96.8 (lag 5 by 4096 kept there).
+#: (held path 83.3), but 93.7 at 3M against 96.8 (lag 5 by 4096 kept there). The 16-bit backward's
+#: lag 6 / 7 in chunks of 8192 (one program per multiprocessor; rows of up to 8M then have at most
+#: 1024 chunks): 92.2-93.2 at 4.5M-6M against 94.5-95.3 for 4096 (session 33).
 #: Lag 3 in 4 slots of 16 KB, three programs per multiprocessor (session 28, H200): bf16 forward
 #: (8192, 4 warps; by cp.async with its registers capped, ``REGISTER_CAPS``; rows up to 2 x 396 x
 #: 8192 = 6488064) by TMA 87.2 / 88.8 / 89.1 / 89.1 / 85.0 / 84.9 / 84.7% at 4M + 64 / 4.5M / 5M /
@@ -289,7 +291,13 @@ REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
 #: - Not taken: float32 forward (lag 5 by 8192, 4M: 86.1 against 92.2 leaving rows to the steps); the
 #:   waiting lag-6 rings near their capacity gave waits up (bf16 backward 5M, float32 2.5M: tens of
 #:   thousands of fallbacks). The row sent at the write's own step (early 0) lost to one step early:
-#:   bf16 forward 9M 77.4 against 78.9, backward 4M 89.0 against 96.4 (both waiting).
+#:   bf16 forward 9M 77.4 against 78.9, backward 4M 89.0 against 96.4 (both waiting). A second read
+#:   at the top of the write's own step, then a wait there, where the first read finds words pending
+#:   (session 33, branch wip/words-per-program): bf16 forward 9M 80.5 against 77.4, but 8M + 64 / 10M
+#:   73.1 / 76.0 against 78.9 / 77.3, backward 3M 84.0 against 97.9.
+#: - Not taken either (session 33, same branch): one word per program and row instead of one per
+#:   chunk (a reader then merges the grid's 132-396 words, not up to 2048): 6-10 points slower
+#:   everywhere but the lag-7 forward at 12M (+2); every row then waits for every program's claims.
 MERGE_PARTITIONS = {("fwd", 2, (8192, 4, 7, 1, 5)): (4, 1, 128, 8650752, 8388608),
                     ("fwd", 2, (8192, 4, 7, 1, 6)): (4, 1, 128, 1 << 40, 0),
                     ("bwd", 2, (4096, 4, 7, 1, 5)): (4, 1, 128, 3145728, 0),
