@@ -296,8 +296,8 @@ REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
 #:   (session 33, branch wip/words-per-program): bf16 forward 9M 80.5 against 77.4, but 8M + 64 / 10M
 #:   73.1 / 76.0 against 78.9 / 77.3, backward 3M 84.0 against 97.9.
 #: - Not taken either (session 33, same branch): one word per program and row instead of one per
-#:   chunk (a reader then merges the grid's 132-396 words, not up to 2048): 6-10 points slower
-#:   everywhere but the lag-7 forward at 12M (+2); every row then waits for every program's claims.
+#:   chunk (a reader then merges the grid's 132-396 words, not up to 2048): 6-11 points slower
+#:   everywhere but the lag-7 forward at 12M (+2) (our reading: every row then waits for every program).
 MERGE_PARTITIONS = {("fwd", 2, (8192, 4, 7, 1, 5)): (4, 1, 128, 8650752, 8388608),
                     ("fwd", 2, (8192, 4, 7, 1, 6)): (4, 1, 128, 1 << 40, 0),
                     ("bwd", 2, (4096, 4, 7, 1, 5)): (4, 1, 128, 3145728, 0),
