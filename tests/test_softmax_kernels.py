@@ -819,6 +819,12 @@ def test_staged_16bit_chunks_held_as_words_gpu(ring, chunks, dtype, claim, tma, 
     assert F.sync_failures("cuda") == 0
 
 
+def _partition(waits: bool, early: int = 1) -> tuple:
+    """A ``MERGE_PARTITIONS`` entry: 4 warps, 128 registers, rows of any length, waiting for a row's
+    pending words on all of them (``waits``) or on none (leaving those rows to the steps)."""
+    return (4, early, 128, 1 << 40, 1 << 40 if waits else 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("claim, chunks", [(True, 25), (True, "full"), (False, 11)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -837,7 +843,7 @@ def test_staged_merge_partition_gpu(ring, early, waits, dtype, claim, chunks, po
     monkeypatch.setattr(S, "CLAIM_MAX_ROW_SHARE", {key: max(key[1] - 1.0, 1.0) for key in S.CLAIM_MAX_ROW_SHARE})
     config = (1024, 4, *ring, dtype != torch.float32)
     elem = torch.finfo(dtype).bits // 8
-    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, elem, config[:5]): (4, early, 128, 1 << 40, 1 << 40 if waits else 0)
+    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, elem, config[:5]): _partition(waits, early)
                                                 for d in ("fwd", "bwd")})
     consts, _ = S._constexprs("fwd", *[torch.empty(2, 4096, dtype=dtype)] * 3, config, False)
     assert consts["MERGE_WARPS"] == 4 and consts["MERGE_EARLY"] == early and consts["maxnreg"] == 128
@@ -862,8 +868,7 @@ def test_staged_merge_partition_that_gives_up_still_computes_right_gpu(waits, po
     monkeypatch.setattr(F, "SPIN_MAX", -1)
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
     config = (1024, 4, 7, 1, 5, True)
-    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, 2, config[:5]): (4, 1, 128, 1 << 40, 1 << 40 if waits else 0)
-                                                for d in ("fwd", "bwd")})
+    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(d, 2, config[:5]): _partition(waits) for d in ("fwd", "bwd")})
     before = F.sync_failures("cuda")
     try:
         x = make_x(9, 30 * 1024 + 16, torch.bfloat16, "cuda", scale=50.0)
@@ -1005,8 +1010,7 @@ def test_held_split_merge_partition_gpu(direction, dtype, n, waits, poisoned, mo
     streamed columns' statistic merged by it (or by the steps, where it leaves them a row)."""
     elem = torch.finfo(dtype).bits // 8
     assert S.staged_config(direction, elem, n)[4] >= 3
-    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(direction, elem, config[:5]): (4, 1, 128, 1 << 40,
-                                                                                 1 << 40 if waits else 0)
+    monkeypatch.setattr(S, "MERGE_PARTITIONS", {(direction, elem, config[:5]): _partition(waits)
                                                 for _, config in S.STAGED_CONFIG[direction, elem] if config[4] >= 3})
     _check_held_split(direction, dtype, n, monkeypatch)
 
