@@ -1,6 +1,7 @@
 """Softmax forward / backward: ringsoftmax's Triton kernels beside torch, torch.compile and Liger.
 
-Run on a GPU:  python3 launch/bench_softmax.py [--quick] [--peers torch,compile,liger] [--variants]
+Run on a GPU:  python3 launch/bench_softmax.py [--quick | --sizes vocab | --sizes 50257,1000003]
+                   [--peers torch,compile,liger] [--variants]
 
 For every (N, M = 2^28 / N, dtype, direction) it prints each implementation's effective bandwidth
 (forward 2 * bytes(x) / t: read x, write y; backward 3 * bytes(x) / t: read y and dy, write dx),
@@ -28,6 +29,10 @@ from timing import interleaved_medians  # this folder
 TOTAL = 1 << 28
 SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
 QUICK = [1 << 10, 1 << 14, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
+#: Row lengths models use (vocabularies: Llama 2 32000, GPT-2 50257, Llama 3 128256, Qwen 2 151936,
+#: Gemma 256000) and lengths just past powers of two and odd ones, whose rows the TMA loads and the
+#: 16-byte copies cannot take (a tail chunk, other paths): ``--sizes vocab``.
+VOCAB = [1000, 4097, 32000, 50257, 65537, 100003, 128256, 151936, 256000, 1000003, 4194305]
 
 
 def bench(fn) -> float:
@@ -106,7 +111,7 @@ def run_table(args, copy, log):
         "ours % copy", "maxerr y / lse", log=log)
     summary = []
     for dtype in (torch.float32, torch.bfloat16):
-        for n in (QUICK if args.quick else SIZES):
+        for n in args.size_list:
             m = TOTAL // n
             x = torch.randn(m, n, device="cuda", dtype=dtype)
             dy = torch.randn_like(x)
@@ -214,6 +219,7 @@ def run_variants(copy, log, sizes, dtypes, names):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer row lengths")
+    p.add_argument("--sizes", default=None, help="comma list of N for the table, or 'vocab' (see VOCAB)")
     p.add_argument("--peers", default="torch,compile,liger", help="comma list of torch,compile,liger")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per cell (medians)")
     p.add_argument("--variants", action="store_true", help="also time our kernels under other knob settings")
@@ -224,6 +230,12 @@ def main():
     p.add_argument("--no-table", action="store_true", help="skip the main table (with --variants)")
     p.add_argument("--log", default=None, help="also write the table to this file")
     args = p.parse_args()
+    if args.sizes == "vocab":
+        args.size_list = VOCAB
+    elif args.sizes:
+        args.size_list = [int(v) for v in args.sizes.split(",")]
+    else:
+        args.size_list = QUICK if args.quick else SIZES
     log = open(args.log, "w") if args.log else None
     say("# bench_softmax", datetime.datetime.now().isoformat(timespec="seconds"), " ".join(sys.argv[1:]), log=log)
     say("device", torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, log=log)

@@ -313,8 +313,9 @@ def test_two_pass_exponents_and_exact_tiles_cpu(n, fma, poisoned, small_regimes,
     monkeypatch.setattr(F, "STREAM_FMA_EXP", fma)
     for dtype in (torch.float32, torch.float16):
         x = make_x(6, n, dtype, "cpu")
-        block_m, block_n, _, _ = F.stream_config(6, n, x.element_size())
-        assert F.stream_args(x, block_m, block_n)["EVEN"] == (n == 1024)
+        align = F.row_align(x)
+        block_m, block_n, _, _ = F.stream_config(6, n, x.element_size(), align)
+        assert F.stream_args(x, block_m, block_n, align)["EVEN"] == (n == 1024)
         y, lse = F.softmax_fwd(x)
         check_fwd(x, y, lse, TOL[dtype])
         check_stats(x, *F.row_stats(x))
@@ -333,6 +334,48 @@ def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
     big[:, 50:350] = dy.to(torch.float16)
     dy = big[:, 50:350]
     check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float16])
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=cpu_only), pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 37, 300, 1000, 4097])
+def test_tiles_of_unaligned_rows(n, dtype, device, poisoned):
+    """Rows that do not start on 16 bytes (N not a multiple of 16): the tile kernels move aligned
+    vectors from each row's start rounded down (``tile_masks``), reading a neighbour's elements in the
+    end vectors and dropping them. Outputs go into the middle of a larger buffer, whose other columns
+    must keep their value, and every row start (M = 9 rows, N odd) is at another offset in 16 bytes."""
+    if device == "cpu" and n > 300:
+        pytest.skip("interpreter: small rows only")
+    m, pad = 9, 16
+    x = make_x(m, n, dtype, device, scale=30.0)
+
+    def framed():
+        big = torch.full((m, n + 2 * pad), 7.0, dtype=dtype, device=device)
+        return big, big[:, pad:pad + n]
+
+    def kept(big):
+        return bool((big[:, :pad] == 7).all() and (big[:, pad + n:] == 7).all())
+
+    big, y = framed()
+    assert F.row_align(x, y) == (1 if n % 16 == 0 else 16 // x.element_size())
+    lse = torch.empty(m, device=device)
+    F._rows(x, y, lse, lse, lse, store_y=True)  # the rows kernel, whatever ROWS_MAX_N says
+    check_fwd(x, y.contiguous(), lse, TOL[dtype])
+    assert kept(big)
+    big, y = framed()
+    _, shift, total = F._two_pass_stats(x)
+    F._normalize_into(x, y, shift, total)
+    check_fwd(x, y.contiguous(), torch.logsumexp(x.double(), -1).float(), TOL[dtype])
+    assert kept(big)
+    yy, dy = softmax_pair(m, n, dtype, device)
+    for delta in (None, B._two_pass_dot(yy, dy)):
+        big, dx = framed()
+        if delta is None:
+            B._rows(yy, dy, dx, None, store_dx=True)
+        else:
+            B._elementwise(yy, dy, dx, delta)
+        check_bwd(yy, dy, dx.contiguous(), TOL[dtype])
+        assert kept(big)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,6 +569,37 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
     dx = torch.empty_like(dy)
     assert S.launch("bwd", y, dy, dx, dx, bwd)
     check_bwd(y, dy, dx, TOL[dtype])
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m, n", [(300, 40001), (37, 2**19 + 17), (5, 2**20 + 3), (3, 2**21 + 5)])
+def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
+    """Rows that do not start on 16 bytes, shifted (``ALIGN``): every row starts at another offset in
+    16 bytes (N odd), the table's rings from lag 1 to the deep ones by cp.async, both directions; the
+    outputs go into the middle of a larger buffer whose other columns must keep their value."""
+    pad = 16
+
+    def framed():
+        big = torch.full((m, n + 2 * pad), 7.0, dtype=dtype, device="cuda")
+        return big, big[:, pad:pad + n]
+
+    def kept(big):
+        return bool((big[:, :pad] == 7).all() and (big[:, pad + n:] == 7).all())
+
+    x = make_x(m, n, dtype, "cuda", scale=30.0)
+    big, y = framed()
+    assert S.available(x, x, y) and S.tma_width(n, 8192, x) == 0  # (by cp.async)
+    lse = torch.empty(m, device="cuda")
+    assert S.launch("fwd", x, x, y, lse)
+    check_fwd(x, y.contiguous(), lse, TOL[dtype])
+    assert kept(big)
+    yy, dy = softmax_pair(m, n, dtype, "cuda")
+    big, dx = framed()
+    assert S.launch("bwd", yy, dy, dx, None)
+    check_bwd(yy, dy, dx.contiguous(), TOL[dtype])
+    assert kept(big)
     assert F.sync_failures("cuda") == 0
 
 
@@ -921,11 +995,13 @@ def test_staged_in_a_cuda_graph_gpu(poisoned):
 
 @pytest.mark.gpu
 def test_staged_refuses_what_it_cannot_take_gpu():
-    """Rows longer than the resident grid holds, and unaligned 16-bit rows, go to the Triton paths."""
+    """Rows longer than the resident grid holds, and 16-bit rows no shift aligns (a start off 16
+    bytes), go to the Triton paths; other unaligned rows take it, shifted (``F.row_align``)."""
     x = torch.randn(2, 2**25, device="cuda")
     assert not S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2, device="cuda"))
-    assert not S.available(torch.randn(2, 65539, device="cuda").bfloat16())
-    assert not S.available(torch.randn(2, 65552 + 8, device="cuda").bfloat16()[:, 8:])
+    assert not S.available(torch.randn(2, 65552 + 8, device="cuda").bfloat16()[:, 1:65553])
+    assert S.available(torch.randn(2, 65539, device="cuda").bfloat16())
+    assert S.available(torch.randn(2, 65552 + 8, device="cuda").bfloat16()[:, 8:])
     assert S.available(torch.randn(2, 65539, device="cuda"))
 
 
@@ -992,6 +1068,7 @@ def _empty_parts(a, held, direction):
     ("bwd", torch.float32, 300007),        # lag 2 in registers
     ("bwd", torch.float32, 2**20 + 4099),  # a deep ring
     ("bwd", torch.bfloat16, 2**18 + 64),
+    ("bwd", torch.bfloat16, 2**18 + 67),   # rows shifted to 16 bytes (ALIGN 8)
 ])
 def test_held_split_gpu(direction, dtype, n, poisoned, monkeypatch):
     """Rows longer than the staged kernel holds (a grid counted as 12 programs holds few chunks): the
@@ -1021,9 +1098,14 @@ def _check_held_split(direction, dtype, n, monkeypatch):
     monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
     a, b, out, lse = _held_case(direction, 6, n, dtype)
     config = S.launch_config(direction, a, b)
-    assert S.held_columns(direction, a, b, out, config) == S.capacity(config[4], 12) * config[0] < n
+    chunk = config[0]
+    # (rows the staged kernel shifts to 16 bytes keep their last ALIGN columns for the streamed ones)
+    align = S._constexprs(direction, a[:, :chunk], b[:, :chunk], out[:, :chunk], config, True)[0]["ALIGN"]
+    assert align == (1 if n % 16 == 0 else 16 // a.element_size())
+    fits = S.capacity(config[4], 12) * chunk - (align if align > 1 else 0)
+    assert S.held_columns(direction, a, b, out, config) == fits < n
     held = H.held_width(direction, a, b, out, config)
-    assert held == int(H.HELD_FILL[direction] * S.capacity(config[4], 12)) * config[0]
+    assert held == int(H.HELD_FILL[direction] * fits / chunk) * chunk
     _empty_parts(a, held, direction)
     assert H.held_split(direction, a, b, out, lse)
     if direction == "fwd":

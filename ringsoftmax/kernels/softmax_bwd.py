@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import softmax_fwd as fwd
 from .hostmath import cdiv, next_power_of_2
-from .softmax_fwd import chunk_ptrs, load_tile, row_arrive, row_wait, store_tile, stream_tile
+from .softmax_fwd import chunk_ptrs, load_tile, row_arrive, row_offsets, row_wait, store_tile, stream_tile, tile_masks
 
 #: Rows up to this length are handled whole by one program: 96% (fp32) and 100% (bf16) of copy at
 #: 32K with rows held in registers; at 64K they spilled (12-20%).
@@ -68,19 +68,21 @@ def _store_dx(DX, row, start, N, stride, offs, y, dy, delta):
 
 
 @triton.jit
-def _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN: tl.constexpr, EVICT: tl.constexpr):
-    """y and dy on a (rows x cols) tile, as float32 (0 where masked, unless EVEN: no mask)."""
-    return (load_tile(Y, rows_o, cols, mask, stride_ym, 0.0, EVEN, EVICT),
-            load_tile(DY, rows_o, cols, mask, stride_dym, 0.0, EVEN, EVICT))
+def _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN: tl.constexpr, EVICT: tl.constexpr,
+                    ALIGN: tl.constexpr):
+    """y and dy on a (rows x cols) tile, as float32 (0 outside the rows, unless EVEN: no mask; masks
+    and ALIGN of ``softmax_fwd.tile_masks``)."""
+    return (load_tile(Y, row_offsets(rows_o, stride_ym, ALIGN), cols, load, inside, 0.0, EVEN, EVICT, ALIGN),
+            load_tile(DY, row_offsets(rows_o, stride_dym, ALIGN), cols, load, inside, 0.0, EVEN, EVICT, ALIGN))
 
 
 @triton.jit
 def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DX: tl.constexpr,
-                     EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, RELOAD: tl.constexpr,
-                     CHUNK: tl.constexpr):
+                     EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, ALIGN: tl.constexpr,
+                     RELOAD: tl.constexpr, CHUNK: tl.constexpr):
     """BLOCK_M whole rows per program: delta = sum(y * dy), dx = y * (dy - delta). EVEN, OFFS64,
-    LOAD_EVICT: ``softmax_fwd.rows_tile_args``.
+    LOAD_EVICT, ALIGN: ``softmax_fwd.rows_tile_args``.
 
     Without RELOAD the rows stay in registers between the sum and dx. With RELOAD the sum walks the
     rows in CHUNK-column pieces and dx reads them again (from cache: the program just read them),
@@ -90,11 +92,12 @@ def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
     rows_o = rows.to(tl.int64) if OFFS64 else rows
     if not RELOAD:
         cols = tl.arange(0, BLOCK_N)
-        mask = row_ok[:, None] & (cols[None, :] < N)
-        y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, LOAD_EVICT)
+        load, inside, body = tile_masks(rows_o, row_ok, cols, N, stride_ym, ALIGN)
+        y, dy = _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN, LOAD_EVICT, ALIGN)
         delta = tl.sum(y * dy, axis=1)
         if STORE_DX:
-            store_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
+            store_tile(DX, row_offsets(rows_o, stride_dxm, ALIGN), cols, body, inside, y * (dy - delta[:, None]), EVEN,
+                       ALIGN)
         else:
             tl.store(DELTA + rows, delta, mask=row_ok)
     else:
@@ -102,38 +105,44 @@ def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
         acc = tl.zeros([BLOCK_M, CHUNK], tl.float32)
         for c0 in tl.range(0, BLOCK_N, CHUNK):
             cols = c0 + tl.arange(0, CHUNK)
-            mask = row_ok[:, None] & (cols[None, :] < N)
-            y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, "evict_last")
+            load, inside, _ = tile_masks(rows_o, row_ok, cols, N, stride_ym, ALIGN)
+            y, dy = _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN, "evict_last",
+                                    ALIGN)
             acc += y * dy
         delta = tl.sum(acc, axis=1)
         if STORE_DX:
             # dx, reading the pieces again
             for c0 in tl.range(0, BLOCK_N, CHUNK):
                 cols = c0 + tl.arange(0, CHUNK)
-                mask = row_ok[:, None] & (cols[None, :] < N)
-                y, dy = _load_pair_tile(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVEN, "evict_first")
-                store_tile(DX, rows_o, cols, mask, stride_dxm, y * (dy - delta[:, None]), EVEN)
+                load, inside, body = tile_masks(rows_o, row_ok, cols, N, stride_ym, ALIGN)
+                y, dy = _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN, "evict_first",
+                                        ALIGN)
+                store_tile(DX, row_offsets(rows_o, stride_dxm, ALIGN), cols, body, inside, y * (dy - delta[:, None]),
+                           EVEN, ALIGN)
         else:
             tl.store(DELTA + rows, delta, mask=row_ok)
 
 
 @triton.jit
 def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, stride_dxm,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr,
+                            ALIGN: tl.constexpr):
     """dx = y * (dy - delta[row]) on a (BLOCK_M rows x BLOCK_N) tile; program = (row block, chunk),
-    ``REVERSED``: last tile first (see ``STREAM_SECOND_PASS_REVERSED``)."""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, REVERSED)
-    y, dy = _load_pair_tile(Y, DY, rows64, cols, mask, stride_ym, stride_dym, False, "")
-    delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
-    store_tile(DX, rows64, cols, mask, stride_dxm, y * (dy - delta[:, None]), False)
+    ``REVERSED``: last tile first (see ``STREAM_SECOND_PASS_REVERSED``; ALIGN: ``softmax_fwd.tile_masks``)."""
+    rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, REVERSED)
+    load, inside, body = tile_masks(rows64, row_ok, cols, N, stride_ym, ALIGN)
+    y, dy = _load_pair_tile(Y, DY, rows64, cols, load, inside, stride_ym, stride_dym, False, "", ALIGN)
+    delta = tl.load(DELTA + rows64, mask=row_ok, other=0.0)
+    store_tile(DX, row_offsets(rows64, stride_dxm, ALIGN), cols, body, inside, y * (dy - delta[:, None]), False, ALIGN)
 
 
 @triton.jit
 def _partial_dot_kernel(Y, DY, PD, M, N, K, stride_ym, stride_dym,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K)."""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, False)
-    y, dy = _load_pair_tile(Y, DY, rows64, cols, mask, stride_ym, stride_dym, False, "")
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K) (ALIGN: ``softmax_fwd.tile_masks``)."""
+    rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, False)
+    load, inside, _ = tile_masks(rows64, row_ok, cols, N, stride_ym, ALIGN)
+    y, dy = _load_pair_tile(Y, DY, rows64, cols, load, inside, stride_ym, stride_dym, False, "", ALIGN)
     tl.store(PD + rows64 * K + k, tl.sum(y * dy, axis=1), mask=row_ok)
 
 
@@ -227,7 +236,8 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
 
 def _rows(y, dy, dx, delta, store_dx: bool) -> None:
     (m, n), elem = y.shape, fwd.element_size(y, dy)
-    block_m, block_n, _, warps = fwd.tile_config(m, n, elem, per_thread=BWD_ELEMS_PER_THREAD,
+    align = fwd.row_align(y, dy, dx) if store_dx else fwd.row_align(y, dy)
+    block_m, block_n, _, warps = fwd.tile_config(m, n + align - 1, elem, per_thread=BWD_ELEMS_PER_THREAD,
                                               tile=BWD_ROWS_TILE, max_warps=BWD_ROWS_MAX_WARPS)
     out = dx if store_dx else y
     strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
@@ -235,17 +245,18 @@ def _rows(y, dy, dx, delta, store_dx: bool) -> None:
         y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
         STORE_DX=store_dx, num_warps=warps, RELOAD=BWD_ROWS_CHUNK[elem] is not None,
         CHUNK=min(block_n, BWD_ROWS_CHUNK[elem] or block_n),
-        **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT))
+        **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align))
 
 
 def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
     """(M,) float32 row sums of y * dy by partial sums (into ``out`` where given)."""
     m, n = y.shape
-    elem = fwd.element_size(y, dy)
-    block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
+    elem, align = fwd.element_size(y, dy), fwd.row_align(y, dy) if fwd.STREAM_ALIGNED_VECTORS["bwd"] else 1
+    block_m, block_n, k, warps = fwd.stream_config(m, n, elem, align)
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
     _partial_dot_kernel[(cdiv(m, block_m) * k,)](
-        y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, ALIGN=align,
+        num_warps=warps)
     delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
@@ -255,11 +266,11 @@ def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
 
 def _elementwise(y, dy, dx, delta) -> None:
     m, n = y.shape
-    elem = fwd.element_size(y, dy)
-    block_m, block_n, k, warps = fwd.stream_config(m, n, elem)
+    elem, align = fwd.element_size(y, dy), fwd.row_align(y, dy, dx) if fwd.STREAM_ALIGNED_VECTORS["bwd"] else 1
+    block_m, block_n, k, warps = fwd.stream_config(m, n, elem, align)
     _bwd_elementwise_kernel[(cdiv(m, block_m) * k,)](
         y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, num_warps=warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, ALIGN=align, num_warps=warps)
 
 
 def _persistent(y, dy, dx) -> None:
@@ -290,7 +301,7 @@ def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     delta = torch.zeros(m, dtype=torch.float32, device=y.device)
     if m == 0 or n == 0:
         return delta
-    if n <= BWD_ROWS_MAX_N:
+    if n + fwd.row_align(y, dy) - 1 <= BWD_ROWS_MAX_N:
         _rows(y, dy, y, delta, store_dx=False)
         return delta
     return _two_pass_dot(y, dy)
@@ -311,11 +322,12 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
     dx = torch.empty((m, n), dtype=dy.dtype, device=dy.device)
     if m == 0 or n == 0:
         return dx
+    align = fwd.row_align(y, dy, dx)  # rows not 16-byte aligned: tiles of up to align - 1 more columns
     if delta is not None:
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
     elif fwd.staged_split("bwd", y, dy, dx):
         pass
-    elif n <= BWD_ROWS_MAX_N:
+    elif n + align - 1 <= BWD_ROWS_MAX_N:
         _rows(y, dy, dx, None, store_dx=True)
     elif fwd.held_split("bwd", y, dy, dx):
         pass

@@ -78,6 +78,13 @@ STREAM_EXP_FTZ = True
 #: instructions were not what held it; the larger tiles in STREAM_TILE were.
 STREAM_FMA_EXP = True
 STREAM_EXACT = True
+#: The streaming kernels on rows that are not 16-byte aligned (``row_align``), by direction: True
+#: moves aligned vectors from each row's start rounded down (``tile_masks``), False one element at a
+#: time. On an H200 (session 34, M * N = 2^28): the two-pass backward (bf16) 50 / 50% of copy against
+#: 33 / 26% at N = 1000003 / 4194305; the two-pass forward 43.7 / 43.6 against 41.4 / 42.0 (bf16) and
+#: 61.9 / 61.7 against 54.7 / 55.1 (float32), with the masks in 32 bits (in 64 bits the bf16 forward
+#: lost 5 points: every tile pays for the end vectors' masks).
+STREAM_ALIGNED_VECTORS = {"fwd": True, "bwd": True}
 #: Split rows, persistent kernel: (chunk elements per program, num_warps).
 SPLIT_CHUNK = {4: (4096, 4), 2: (4096, 4)}
 #: On CUDA, split rows use the persistent kernel (False: always the two-pass path) ...
@@ -168,11 +175,11 @@ def shifted_exp(x, shift, FTZ: tl.constexpr, FMA: tl.constexpr):
 
 
 @triton.jit
-def stream_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr):
+def stream_tile(M, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr):
     """This program's tile of the streaming kernels: BLOCK_M rows x chunk k (of K) of BLOCK_N columns;
     ``REVERSED``: program 0 takes the last tile (a second pass starting where the first ended).
 
-    Returns (rows, rows as int64, cols, k, row mask, element mask).
+    Returns (rows as int64, cols, k, row mask); ``tile_masks`` gives the element masks.
     """
     pid = tl.program_id(0)
     if REVERSED:
@@ -181,29 +188,76 @@ def stream_tile(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED:
     k = pid - rb * K
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < N)
-    return rows, rows.to(tl.int64), cols, k, row_ok, mask
+    return rows.to(tl.int64), cols, k, rows < M
 
 
 @triton.jit
-def load_tile(P, rows_o, cols, mask, stride, other, EVEN: tl.constexpr, EVICT: tl.constexpr):
-    """A (rows x cols) tile of P (row offsets ``rows_o``, row stride ``stride``), as float32: ``other``
-    where masked, or no mask at all with EVEN (the rows kernels' exact tiles, ``rows_tile_args``)."""
-    if EVEN:
-        t = tl.load(P + rows_o[:, None] * stride + cols[None, :], eviction_policy=EVICT)
-    else:
-        t = tl.load(P + rows_o[:, None] * stride + cols[None, :], mask=mask, other=other, eviction_policy=EVICT)
-    return t.to(tl.float32)
+def row_offsets(rows_o, stride, ALIGN: tl.constexpr):
+    """Element offsets at which the tiles of rows ``rows_o`` (row stride ``stride``) start: the rows'
+    starts, or with ALIGN > 1 those rounded down to a multiple of ALIGN elements (16 bytes), in a
+    form the compiler knows to be aligned (see ``tile_masks``)."""
+    o = rows_o * stride
+    if ALIGN > 1:
+        o = (o // ALIGN) * ALIGN
+    return o
 
 
 @triton.jit
-def store_tile(P, rows_o, cols, mask, stride, v, EVEN: tl.constexpr):
-    """Store a (rows x cols) tile ``v`` into P in P's dtype (masked unless EVEN; see ``load_tile``)."""
-    if EVEN:
-        tl.store(P + rows_o[:, None] * stride + cols[None, :], v.to(P.dtype.element_ty))
+def tile_masks(rows_o, row_ok, cols, N, stride, ALIGN: tl.constexpr):
+    """(load, inside, body) masks of a (rows x cols) tile of rows of N elements, row stride ``stride``.
+
+    ALIGN = 1: column c is the row's element c, and all three masks are the row's elements. ALIGN > 1
+    (rows whose starts or lengths are not multiples of 16 bytes, ``row_align``): the tile starts at
+    the row's start rounded down to ALIGN elements (``row_offsets``), h elements before it, so column
+    c is element c - h and loads and stores move whole aligned vectors. ``load`` covers the vectors
+    that hold an element of the row (the first and last may also hold a neighbour's, in the same 16
+    bytes: read, then dropped by ``inside``), ``inside`` the row's elements, ``body`` the vectors wholly
+    inside the row (``store_tile`` stores the other elements one at a time). Every tensor of a kernel
+    must have the same h (``row_align`` checks that their row strides agree modulo ALIGN)."""
+    if ALIGN > 1:
+        start = rows_o * stride
+        h = (start - (start // ALIGN) * ALIGN).to(tl.int32)  # (32-bit masks: int64 ones cost ~2x the instructions)
+        end = h + N
+        c = cols[None, :]
+        load = row_ok[:, None] & (c < ((end + ALIGN - 1) // ALIGN * ALIGN)[:, None])
+        inside = row_ok[:, None] & (c >= h[:, None]) & (c < end[:, None])
+        body = (row_ok[:, None] & (c >= ((h + ALIGN - 1) // ALIGN * ALIGN)[:, None])
+                & (c < (end // ALIGN * ALIGN)[:, None]))
     else:
-        tl.store(P + rows_o[:, None] * stride + cols[None, :], v.to(P.dtype.element_ty), mask=mask)
+        load = row_ok[:, None] & (cols[None, :] < N)
+        inside = load
+        body = load
+    return load, inside, body
+
+
+@triton.jit
+def load_tile(P, offs, cols, load, inside, other, EVEN: tl.constexpr, EVICT: tl.constexpr, ALIGN: tl.constexpr):
+    """A (rows x cols) tile of P (its rows' tiles starting at ``offs``, ``row_offsets``), as float32:
+    ``other`` outside the rows (masks of ``tile_masks``), or no mask at all with EVEN (the rows
+    kernels' exact tiles, ``rows_tile_args``)."""
+    ptrs = P + offs[:, None] + cols[None, :]
+    if EVEN:
+        t = tl.load(ptrs, eviction_policy=EVICT)
+    else:
+        t = tl.load(ptrs, mask=load, other=other, eviction_policy=EVICT)
+    t = t.to(tl.float32)
+    if ALIGN > 1:  # (a neighbour's elements in the end vectors)
+        t = tl.where(inside, t, other)
+    return t
+
+
+@triton.jit
+def store_tile(P, offs, cols, body, inside, v, EVEN: tl.constexpr, ALIGN: tl.constexpr):
+    """Store a (rows x cols) tile ``v`` into P in P's dtype (as ``load_tile``; with ALIGN > 1 the
+    vectors wholly inside the rows as vectors, then the rows' other elements one at a time)."""
+    ptrs = P + offs[:, None] + cols[None, :]
+    v = v.to(P.dtype.element_ty)
+    if EVEN:
+        tl.store(ptrs, v)
+    else:
+        tl.store(ptrs, v, mask=body)
+        if ALIGN > 1:
+            tl.store(ptrs, v, mask=inside ^ body)
 
 
 @triton.jit
@@ -262,19 +316,21 @@ def _merge_partials(PM, PS, Q, PB: tl.constexpr):
 @triton.jit
 def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr, STORE_LSE: tl.constexpr,
-                         EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr):
+                         EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, ALIGN: tl.constexpr):
     """BLOCK_M whole rows per program, held in registers: one read of x, one write of y.
 
     With STORE_Y, writes y and (with STORE_LSE) lse; without, only the row statistics (max -> MX, sum of
     exp(x - max) -> SX). ``rows_tile_args`` gives the specializations: EVEN (the tiles cover the
-    rows exactly: no masks), OFFS64 (64-bit offsets) and LOAD_EVICT (x's eviction policy)."""
+    rows exactly: no masks), OFFS64 (64-bit offsets), LOAD_EVICT (x's eviction policy) and ALIGN
+    (``tile_masks``: rows not 16-byte aligned, loaded and stored as aligned vectors)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < N)
     rows_o = rows.to(tl.int64) if OFFS64 else rows
+    load, inside, body = tile_masks(rows_o, row_ok, cols, N, stride_xm, ALIGN)
     # load the rows; padding is -inf, which adds nothing to a sum of exponentials
-    x = load_tile(X, rows_o, cols, mask, stride_xm, float("-inf"), EVEN, LOAD_EVICT)
+    x = load_tile(X, row_offsets(rows_o, stride_xm, ALIGN), cols, load, inside, float("-inf"), EVEN, LOAD_EVICT,
+                  ALIGN)
     # row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
     m = tl.max(x, axis=1)
     shift = tl.where(m == float("-inf"), 0.0, m)
@@ -288,7 +344,7 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
         if STORE_LSE:
             tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
         inv = tl.where(s > 0, 1.0 / s, 0.0)
-        store_tile(Y, rows_o, cols, mask, stride_ym, e * inv[:, None], EVEN)
+        store_tile(Y, row_offsets(rows_o, stride_ym, ALIGN), cols, body, inside, e * inv[:, None], EVEN, ALIGN)
 
 
 @triton.jit
@@ -356,11 +412,13 @@ def _softmax_persistent_kernel(X, Y, LSE, PM, PS, CNT, ERR, M, N, stride_xm, str
 
 @triton.jit
 def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        EVEN: tl.constexpr, FTZ: tl.constexpr, FMA: tl.constexpr):
+                        EVEN: tl.constexpr, FTZ: tl.constexpr, FMA: tl.constexpr, ALIGN: tl.constexpr):
     """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)
-    (EVEN: the tiles cover the rows exactly, no masks; FTZ, FMA: see ``shifted_exp``)."""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, False)
-    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), EVEN, "")
+    (EVEN: the tiles cover the rows exactly, no masks; FTZ, FMA: see ``shifted_exp``; ALIGN: see
+    ``tile_masks``)."""
+    rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, False)
+    load, inside, _ = tile_masks(rows64, row_ok, cols, N, stride_xm, ALIGN)
+    x = load_tile(X, row_offsets(rows64, stride_xm, ALIGN), cols, load, inside, float("-inf"), EVEN, "", ALIGN)
     m = tl.max(x, axis=1)
     e, c = shifted_exp(x, tl.where(m == float("-inf"), 0.0, m), FTZ, FMA)
     s = tl.sum(e, axis=1) * c
@@ -394,16 +452,19 @@ def _combine_stats_kernel(PM, PS, LSE, SHIFT, SCALE, M, K,
 @triton.jit
 def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, REVERSED: tl.constexpr, EVEN: tl.constexpr, FTZ: tl.constexpr,
-                      FMA: tl.constexpr):
+                      FMA: tl.constexpr, ALIGN: tl.constexpr):
     """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0.
-    (EVEN, FTZ, FMA: see ``_chunk_stats_kernel``.)"""
-    rows, rows64, cols, k, row_ok, mask = stream_tile(M, N, K, BLOCK_M, BLOCK_N, REVERSED)
-    x = load_tile(X, rows64, cols, mask, stride_xm, float("-inf"), EVEN, "")
-    shift = tl.load(SHIFT + rows, mask=row_ok, other=0.0)
+    (EVEN, FTZ, FMA: see ``_chunk_stats_kernel``; ALIGN: ``tile_masks``.)"""
+    rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, REVERSED)
+    load, inside, body = tile_masks(rows64, row_ok, cols, N, stride_xm, ALIGN)
+    x = load_tile(X, row_offsets(rows64, stride_xm, ALIGN), cols, load, inside, float("-inf"), EVEN, "",
+                  ALIGN)
+    shift = tl.load(SHIFT + rows64, mask=row_ok, other=0.0)
     # exp(x - inf) = 0 for every x <= +large: an empty row gives 0, not exp(-inf + inf) = NaN
     e, c = shifted_exp(x, tl.where(shift == float("-inf"), float("inf"), shift), FTZ, FMA)
-    s = tl.load(SUM + rows, mask=row_ok, other=0.0)
-    store_tile(Y, rows64, cols, mask, stride_ym, e * tl.where(s > 0, c / s, 0.0)[:, None], EVEN)
+    s = tl.load(SUM + rows64, mask=row_ok, other=0.0)
+    store_tile(Y, row_offsets(rows64, stride_ym, ALIGN), cols, body, inside,
+               e * tl.where(s > 0, c / s, 0.0)[:, None], EVEN, ALIGN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -430,17 +491,37 @@ def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_t
     return block_m, block_n, cdiv(max(n, 1), block_n), warps
 
 
-def stream_config(m: int, n: int, elem: int):
-    """tile_config of the streaming kernels: chunks of at most STREAM_TILE elements."""
-    return tile_config(m, n, elem, STREAM_TILE[elem], per_thread=STREAM_ELEMS_PER_THREAD, tile=STREAM_TILE)
+def stream_config(m: int, n: int, elem: int, align: int = 1):
+    """tile_config of the streaming kernels: chunks of at most STREAM_TILE elements (rows of n
+    elements, their tiles shifted by up to ``align`` - 1 elements, ``row_align``)."""
+    return tile_config(m, n + align - 1, elem, STREAM_TILE[elem], per_thread=STREAM_ELEMS_PER_THREAD,
+                       tile=STREAM_TILE)
 
 
-def stream_args(x: torch.Tensor, block_m: int, block_n: int) -> dict:
+def stream_args(x: torch.Tensor, block_m: int, block_n: int, align: int) -> dict:
     """Specializations of the forward streaming kernels on (m, n) rows x in (block_m, block_n) tiles:
-    EVEN (no masks) where the tiles cover the rows exactly, and the exponentials (see ``shifted_exp``)."""
+    EVEN (no masks) where the tiles cover the rows exactly, the exponentials (see ``shifted_exp``)
+    and ALIGN (``row_align``)."""
     m, n = x.shape
-    return dict(EVEN=bool(STREAM_EXACT and n % block_n == 0 and m % block_m == 0),
-                FTZ=STREAM_EXP_FTZ and not is_interpreter(x), FMA=STREAM_FMA_EXP)
+    return dict(EVEN=bool(STREAM_EXACT and align == 1 and n % block_n == 0 and m % block_m == 0),
+                FTZ=STREAM_EXP_FTZ and not is_interpreter(x), FMA=STREAM_FMA_EXP, ALIGN=align)
+
+
+def row_align(*tensors: torch.Tensor) -> int:
+    """ALIGN of the tile kernels (``tile_masks``) on (M, N) rows ``tensors`` (inputs and outputs):
+    1 where Triton's specializations already let them move 16-byte vectors (N and every row stride
+    multiples of 16 elements) or where shifting the tiles cannot (a data pointer off 16 bytes, or row
+    strides that differ modulo the vector, so that a row starts at different offsets within 16 bytes
+    in different tensors: those rows move an element at a time); else 16 bytes in elements of the
+    narrowest dtype."""
+    m, n = tensors[0].shape
+    strides = [t.stride(0) if m > 1 else 0 for t in tensors]
+    if n % 16 == 0 and all(s % 16 == 0 for s in strides):
+        return 1
+    align = 16 // min(t.element_size() for t in tensors)
+    if any(t.data_ptr() % 16 for t in tensors) or len({s % align for s in strides}) > 1:
+        return 1
+    return align
 
 
 def split_chunk(elem: int, table=None):
@@ -586,38 +667,41 @@ def _row_vector(v: torch.Tensor, m: int, x: torch.Tensor, name: str, fn: str) ->
     return v.to(torch.float32).contiguous()
 
 
-def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load_evict: str = "") -> dict:
+def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load_evict: str = "",
+                   align: int = 1) -> dict:
     """Specializations of a rows kernel on (m, n) rows in (block_m, block_n) tiles (the tensors'
     row strides given): EVEN when the tiles cover the rows exactly (no masks; ``ROWS_EXACT``),
-    OFFS64 unless every offset, padding rows included, fits in 32 bits, and x's (y's) eviction
-    policy for the loads."""
+    OFFS64 unless every offset, padding rows included, fits in 32 bits, x's (y's) eviction policy
+    for the loads, and ALIGN (``row_align``: block_n then covers n + align - 1)."""
     last = (cdiv(m, block_m) * block_m - 1) * max([abs(int(s)) for s in row_strides] + [n]) + block_n - 1
-    return dict(EVEN=bool(ROWS_EXACT and n == block_n and m % block_m == 0), OFFS64=last > 2**31 - 1,
-                LOAD_EVICT=load_evict)
+    return dict(EVEN=bool(ROWS_EXACT and align == 1 and n == block_n and m % block_m == 0),
+                OFFS64=last > 2**31 - 1, LOAD_EVICT=load_evict, ALIGN=align)
 
 
 def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
     """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx."""
     m, n = x.shape
-    block_m, block_n, _, warps = tile_config(m, n, x.element_size())
+    align = row_align(x, y) if store_y else row_align(x)
+    block_m, block_n, _, warps = tile_config(m, n + align - 1, x.element_size())
     _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
         STORE_LSE=lse is not None, num_warps=warps,
-        **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT))
+        **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT,
+                         align))
 
 
 def _two_pass_stats(x, out=None):
     """Chunk statistics + combine: (lse, row max, row sum of exp(x - max)), each (M,) float32 (the
     rows of ``out``, a (3, M) float32 tensor, where given)."""
     m, n = x.shape
-    elem = x.element_size()
-    block_m, block_n, k, warps = stream_config(m, n, elem)
+    elem, align = x.element_size(), row_align(x) if STREAM_ALIGNED_VECTORS["fwd"] else 1
+    block_m, block_n, k, warps = stream_config(m, n, elem, align)
     pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
     ps = torch.empty_like(pm)
     _chunk_stats_kernel[(cdiv(m, block_m) * k,)](
         x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-        **stream_args(x, block_m, block_n))
+        **stream_args(x, block_m, block_n, align))
     lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
@@ -628,12 +712,12 @@ def _two_pass_stats(x, out=None):
 
 def _normalize_into(x, y, shift, total) -> None:
     m, n = x.shape
-    elem = x.element_size()
-    block_m, block_n, k, warps = stream_config(m, n, elem)
+    elem, align = x.element_size(), row_align(x, y) if STREAM_ALIGNED_VECTORS["fwd"] else 1
+    block_m, block_n, k, warps = stream_config(m, n, elem, align)
     _normalize_kernel[(cdiv(m, block_m) * k,)](
         x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps,
-        **stream_args(x, block_m, block_n))
+        **stream_args(x, block_m, block_n, align))
 
 
 def _persistent(x, y, lse) -> None:
@@ -661,12 +745,13 @@ def _persistent(x, y, lse) -> None:
     _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
 
 
-def staged_fits(direction: str, a, b) -> bool:
-    """Whether (M, N) rows a, b may try ``softmax_staged`` (chunks held in shared memory): the row
-    length, the device and the alignment allow it (its launch may still refuse rows too long)."""
+def staged_fits(direction: str, a, b, out) -> bool:
+    """Whether (M, N) rows a, b (output out) may try ``softmax_staged`` (chunks held in shared
+    memory): the row length, the device and the alignment allow it (its launch may still refuse rows
+    too long)."""
     from . import softmax_staged as S  # that module imports this one: resolved at call time
     key = (direction, element_size(a, b))
-    return a.shape[1] >= S.STAGED_MIN_N[key] and S.available(a, b)
+    return a.shape[1] >= S.STAGED_MIN_N[key] and S.available(a, b, out)
 
 
 def _staged_launch(direction: str, a, b, out, lse=None) -> bool:
@@ -680,7 +765,7 @@ def staged_split(direction: str, a, b, out, lse=None) -> bool:
 
     Forward ``("fwd", x, x, y, lse)``; backward ``("bwd", y, dy, dx)``.
     """
-    return staged_fits(direction, a, b) and _staged_launch(direction, a, b, out, lse)
+    return staged_fits(direction, a, b, out) and _staged_launch(direction, a, b, out, lse)
 
 
 def held_split(direction: str, a, b, out, lse=None) -> bool:
@@ -710,8 +795,9 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y, _empty_rows(x, m) if with_lse else None
-    staged = staged_fits("fwd", x, x)
-    short = n <= ROWS_MAX_N[x.element_size()]
+    staged = staged_fits("fwd", x, x, y)
+    align = row_align(x, y)  # rows not 16-byte aligned: tiles of up to align - 1 more columns
+    short = n + align - 1 <= ROWS_MAX_N[x.element_size()]
     # lse (M,) float32, not allocated where only the rows kernel runs and the caller drops it
     lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not short else None
     if staged and _staged_launch("fwd", x, x, y, lse):
@@ -739,7 +825,7 @@ def row_stats(x: torch.Tensor):
     m, n = x.shape
     if m == 0 or n == 0:
         return _empty_rows(x, m), torch.zeros(m, dtype=torch.float32, device=x.device)
-    if n <= ROWS_MAX_N[x.element_size()]:
+    if n + row_align(x) - 1 <= ROWS_MAX_N[x.element_size()]:
         mx = torch.empty(m, dtype=torch.float32, device=x.device)
         sx = torch.empty_like(mx)
         _rows(x, x, mx, mx, sx, store_y=False)

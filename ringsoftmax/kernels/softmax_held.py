@@ -88,7 +88,7 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     Backward ``("bwd", y, dy, dx)``: dx (M, N) in dy.dtype.
     """
     m, n = a.shape
-    if HELD_MIN_SHARE[direction, F.element_size(a, b)] is None or not S.available(a, b):
+    if HELD_MIN_SHARE[direction, F.element_size(a, b)] is None or not S.available(a, b, out):
         return False  # (checked first: the forward's long rows come here on every call)
     config, held = S.memo("held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items()),
                                                   HELD_MIN_BYTES),

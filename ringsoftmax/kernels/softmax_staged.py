@@ -330,11 +330,25 @@ if gluon is not None:
     FIFO = gl.constexpr(8)  # the longest lag of a deep ring (its units behind are kept in vectors of 8)
 
     @gluon.jit
+    def _row_start(row, stride, ALIGN: gl.constexpr):
+        """(offset, h) of ``row``'s chunks: the row's start (h = 0) or, ALIGN > 1 (rows not 16-byte
+        aligned, ``softmax_fwd.row_align``), that rounded down to ALIGN elements, in a form the compiler
+        knows aligned, and the h elements of the row before it that this took off; chunk q then holds
+        the row's elements q * CHUNK - h ... (its first one's head and the last one's tail are a
+        neighbour's elements, in the same 16 bytes, or copied as zeros)."""
+        o = row.to(gl.int64) * stride
+        if ALIGN > 1:
+            base = (o // ALIGN) * ALIGN
+            return base, (o - base).to(gl.int32)
+        else:
+            return o, 0
+
+    @gluon.jit
     def _issue(A, B, DA, DB, ring_a, ring_b, bars, i, row, q, N, stride_a, stride_b, offs,
-               BWD: gl.constexpr, EVICT: gl.constexpr, TMA: gl.constexpr):
-        """Start the copies of chunk ``q`` of ``row`` (elements ``offs`` from its start) into ring slot
-        ``i``: cp.async (counted by the thread's commit groups) or, ``TMA``, one bulk copy per input
-        completing on ``bars[i]``."""
+               BWD: gl.constexpr, EVICT: gl.constexpr, TMA: gl.constexpr, ALIGN: gl.constexpr):
+        """Start the copies of chunk ``q`` of ``row`` (elements ``offs`` from its start, ``_row_start``)
+        into ring slot ``i``: cp.async (counted by the thread's commit groups) or, ``TMA``, one bulk copy
+        per input completing on ``bars[i]``."""
         if TMA:
             if BWD:
                 mbarrier.expect(bars.index(i), DA.block_type.nbytes + DB.block_type.nbytes)
@@ -345,13 +359,16 @@ if gluon is not None:
             if BWD:
                 _tma_load(DB, [row, q * rows_per_chunk, 0], bars.index(i), _box(ring_b.index(i)))
         else:
-            row64 = row.to(gl.int64)
+            base_a, h = _row_start(row, stride_a, ALIGN)
             start = q.to(gl.int64) * offs.shape[0]
-            ok = offs < (N - start).to(gl.int32)
-            _cp_async(_flat(ring_a.index(i)), A + row64 * stride_a + start + offs, mask=ok, eviction_policy=EVICT)
+            end = N + h
+            if ALIGN > 1:  # whole aligned vectors: the row's last one too
+                end = (end + ALIGN - 1) // ALIGN * ALIGN
+            ok = offs < (end - start).to(gl.int32)
+            _cp_async(_flat(ring_a.index(i)), A + base_a + start + offs, mask=ok, eviction_policy=EVICT)
             if BWD:
-                _cp_async(_flat(ring_b.index(i)), B + row64 * stride_b + start + offs, mask=ok,
-                          eviction_policy=EVICT)
+                base_b, _ = _row_start(row, stride_b, ALIGN)
+                _cp_async(_flat(ring_b.index(i)), B + base_b + start + offs, mask=ok, eviction_policy=EVICT)
 
     @gluon.jit
     def _claim_start(P, M, Q, lanes):
@@ -369,15 +386,25 @@ if gluon is not None:
         return row, u - row * Q
 
     @gluon.jit
-    def _load_unit(ring_a, ring_b, i, q, N, offs, BWD: gl.constexpr, layout: gl.constexpr):
-        """Chunk ``q`` of a row (landed in ring slot ``i``) in registers, in the inputs' dtypes: (a, b),
-        b = a forward. The forward reads -inf past the row's end."""
-        if not BWD:
-            if (q + 1).to(gl.int64) * offs.shape[0] > N:
-                # the row's last chunk: its tail was copied as zeros; the forward needs -inf
-                tail = _flat(ring_a.index(i))
-                ok = offs < (N - q.to(gl.int64) * offs.shape[0]).to(gl.int32)
-                tail.store(gl.where(ok, tail.load(layout), float("-inf")))
+    def _load_unit(ring_a, ring_b, i, row, q, N, stride_a, offs, BWD: gl.constexpr, layout: gl.constexpr,
+                   ALIGN: gl.constexpr):
+        """Chunk ``q`` of ``row`` (landed in ring slot ``i``) in registers, in the inputs' dtypes: (a, b),
+        b = a forward. Outside the row (past its end; with ALIGN > 1 also the neighbours' elements of
+        its end vectors, ``_row_start``) the forward reads -inf, the backward 0 (rewritten in the slot,
+        where the write reads the chunk again)."""
+        _, h = _row_start(row, stride_a, ALIGN)
+        first = h - q * offs.shape[0]  # the chunk's elements first ... end - 1 are the row's
+        end = N + h - q.to(gl.int64) * offs.shape[0]
+        if (not BWD) or (ALIGN > 1):  # (the backward's tail was copied as zeros)
+            if (first > 0) | (end < offs.shape[0]):
+                ok = (offs >= first) & (offs < end.to(gl.int32))
+                slot = _flat(ring_a.index(i))
+                if BWD:
+                    slot.store(gl.where(ok, slot.load(layout), 0.0))
+                    slot = _flat(ring_b.index(i))
+                    slot.store(gl.where(ok, slot.load(layout), 0.0))
+                else:
+                    slot.store(gl.where(ok, slot.load(layout), float("-inf")))
         a = _flat(ring_a.index(i)).load(layout)
         b = a
         if BWD:
@@ -391,10 +418,11 @@ if gluon is not None:
         gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
 
     @gluon.jit
-    def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, offs, BWD: gl.constexpr, layout: gl.constexpr):
+    def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, stride_a, offs, BWD: gl.constexpr, layout: gl.constexpr,
+                     ALIGN: gl.constexpr):
         """Reduce chunk ``q`` of ``row`` (landed in ring slot ``i``) to its partial and publish it as
         its word."""
-        a, b = _load_unit(ring_a, ring_b, i, q, N, offs, BWD, layout)
+        a, b = _load_unit(ring_a, ring_b, i, row, q, N, stride_a, offs, BWD, layout, ALIGN)
         _publish(P, row, q, Q, a, b, BWD)
 
     @gluon.jit
@@ -600,24 +628,35 @@ if gluon is not None:
 
     @gluon.jit
     def _row_from_global(A, B, row, N, stride_a, stride_b, BWD: gl.constexpr, CHUNK: gl.constexpr,
-                         layout: gl.constexpr):
-        """The row's statistic read from the inputs themselves, CHUNK elements (``layout``) at a time:
-        the fallback after a wait gives up."""
+                         layout: gl.constexpr, ALIGN: gl.constexpr):
+        """The row's statistic read from the inputs themselves, CHUNK elements (``layout``) at a time
+        (from ``_row_start``'s offset): the fallback after a wait gives up."""
         if BWD:
             m = 0.0
         else:
             m = float("-inf")
         s = 0.0
         offs = gl.arange(0, CHUNK, layout)
-        row64 = row.to(gl.int64)
-        for c in range(0, (N + CHUNK - 1) // CHUNK):
+        base_a, h = _row_start(row, stride_a, ALIGN)
+        base_b, _ = _row_start(row, stride_b, ALIGN)
+        end = N + h
+        for c in range(0, (end + CHUNK - 1) // CHUNK):
             start = c.to(gl.int64) * CHUNK
-            ok = offs < (N - start).to(gl.int32)
-            a = gl.load(A + row64 * stride_a + start + offs, mask=ok, other=0.0 if BWD else float("-inf"))
-            a = a.to(gl.float32)
+            last = end
+            if ALIGN > 1:  # whole vectors, the neighbours' elements then dropped
+                last = (end + ALIGN - 1) // ALIGN * ALIGN
+            ok = offs < (last - start).to(gl.int32)
+            a = gl.load(A + base_a + start + offs, mask=ok, other=0.0).to(gl.float32)
             b = a
             if BWD:
-                b = gl.load(B + row64 * stride_b + start + offs, mask=ok, other=0.0).to(gl.float32)
+                b = gl.load(B + base_b + start + offs, mask=ok, other=0.0).to(gl.float32)
+            inside = (offs >= h - start) & (offs < (end - start).to(gl.int32))
+            if BWD:
+                a = gl.where(inside, a, 0.0)
+                b = gl.where(inside, b, 0.0)
+            else:
+                a = gl.where(inside, a, float("-inf"))
+                b = a
             cm, cs = _chunk_stat(a, b, BWD)
             m, s = _merge_pair(m, s, cm, cs, BWD)
         return m, s
@@ -625,14 +664,14 @@ if gluon is not None:
     @gluon.jit
     def _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max, BWD: gl.constexpr,
                     CHUNK: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, layout: gl.constexpr,
-                    playout: gl.constexpr):
+                    playout: gl.constexpr, ALIGN: gl.constexpr):
         """(stat, sum) of ``row`` from its partial words (``words``: a first read of them), or, where
         the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``); with
         ``HAS_PRIOR``, merged with the statistic of the row's other columns, (PRIOR[row],
         PRIOR[M + row])."""
         done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
-            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout)
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout, ALIGN)
         if HAS_PRIOR:
             m, s = _merge_pair(m, s, gl.load(PRIOR + row), gl.load(PRIOR + M + row), BWD)
         return m, s
@@ -644,7 +683,7 @@ if gluon is not None:
                        STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
                        TMA_W: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr,
                        MERGE_WARPS: gl.constexpr, MERGE_EARLY: gl.constexpr, MERGE_REGS: gl.constexpr,
-                       MERGE_WAITS: gl.constexpr):
+                       MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr):
         """One program of the grid: one unit (chunk u % Q of row u // Q) per step, claimed from the
         counter (``CLAIM``) or fixed (see the module doc); the steps are ``_staged_steps``.
 
@@ -664,6 +703,9 @@ if gluon is not None:
         steps before the unit that needs the row's statistic is written, off the steps' path; where
         some of a row's words are still pending then, the partition waits for them (``MERGE_WAITS``)
         or leaves the row to the steps, which read its words as without a partition.
+        ALIGN > 1 (cp.async rows that do not start on 16 bytes, ``softmax_fwd.row_align``): each row's
+        chunks start at its start rounded down to ALIGN elements (``_row_start``), so that the copies
+        and the stores move 16-byte vectors; Q then counts N + ALIGN - 1 elements.
         """
         gl.static_assert((MERGE_WARPS == 0) | ((LAG >= 3) & ((MERGE_EARLY == 0) | (MERGE_EARLY == 1))),
                          "a merging partition serves the deep rings (LAG >= 3), 0 or 1 steps early")
@@ -710,14 +752,15 @@ if gluon is not None:
             gl.warp_specialize([(_staged_steps, (A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b,
                                                  stride_o, Q, spin_max, ring_a, ring_b, bars, rows, stats, queue_bars,
                                                  BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT, STORE_EVICT, FOLD,
-                                                 TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS)),
+                                                 TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS,
+                                                 ALIGN)),
                                 (_merge_partition, (A, B, P, ERR, PRIOR, M, N, stride_a, stride_b, Q, spin_max, rows,
-                                                    stats, queue_bars, BWD, PBLK, HAS_PRIOR, MERGE_WAITS))],
+                                                    stats, queue_bars, BWD, PBLK, HAS_PRIOR, MERGE_WAITS, ALIGN))],
                                [MERGE_WARPS], [MERGE_REGS])
         else:
             _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
                           ring_a, ring_b, bars, bars, bars, bars, BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT,
-                          STORE_EVICT, FOLD, TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS)
+                          STORE_EVICT, FOLD, TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS, ALIGN)
 
     @gluon.jit
     def _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
@@ -725,7 +768,7 @@ if gluon is not None:
                       STAGES: gl.constexpr, AHEAD: gl.constexpr, LAG: gl.constexpr, PBLK: gl.constexpr,
                       LOAD_EVICT: gl.constexpr, STORE_EVICT: gl.constexpr, FOLD: gl.constexpr,
                       TMA_LOAD: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr, MERGE: gl.constexpr,
-                      MERGE_EARLY: gl.constexpr, MERGE_WAITS: gl.constexpr):
+                      MERGE_EARLY: gl.constexpr, MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr):
         """A program's steps (``_staged_kernel``'s arguments; ``ring_a``, ``ring_b``: its slots, ``bars``
         their TMA barriers). ``MERGE``: the rows' statistics come from the merging partition through
         ``rows`` and ``stats`` (``_queue_put``, ``_queue_get``; ``queue_bars`` 0-1 and 2-3): item t is
@@ -767,7 +810,7 @@ if gluon is not None:
         prev_q = 0
         if cur_row < M:
             _issue(A, B, DA, DB, ring_a, ring_b, bars, 0, cur_row, cur_q, N, stride_a, stride_b, offs, BWD,
-                   LOAD_EVICT, TMA_LOAD)
+                   LOAD_EVICT, TMA_LOAD, ALIGN)
         if not TMA_LOAD:
             async_copy.commit_group()
         # LAG 2: the unit written now (prev waits for its step, in its slot or, HOLD, in registers:
@@ -779,7 +822,7 @@ if gluon is not None:
         if AHEAD2:
             if nxt_row < M:
                 _issue(A, B, DA, DB, ring_a, ring_b, bars, 1, nxt_row, nxt_q, N, stride_a, stride_b, offs, BWD,
-                       LOAD_EVICT, TMA_LOAD)
+                       LOAD_EVICT, TMA_LOAD, ALIGN)
             if not TMA_LOAD:
                 async_copy.commit_group()
             nxt_done = False
@@ -841,7 +884,7 @@ if gluon is not None:
                     new_q = last_q
             if new_row < M:
                 _issue(A, B, DA, DB, ring_a, ring_b, bars, (t + AHEAD) % STAGES, new_row, new_q, N, stride_a,
-                       stride_b, offs, BWD, LOAD_EVICT, TMA_LOAD)
+                       stride_b, offs, BWD, LOAD_EVICT, TMA_LOAD, ALIGN)
             if not TMA_LOAD:
                 async_copy.commit_group()  # one group per step, empty or not, so the counts below hold
 
@@ -875,13 +918,14 @@ if gluon is not None:
                 if cur_row < M:
                     if not cur_done:
                         _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
-                    cur_a, cur_b = _load_unit(ring_a, ring_b, t % STAGES, cur_q, N, offs, BWD, layout)
+                    cur_a, cur_b = _load_unit(ring_a, ring_b, t % STAGES, cur_row, cur_q, N, stride_a, offs, BWD, layout,
+                                              ALIGN)
                     if not cur_done:
                         _publish(P, cur_row, cur_q, Q, cur_a, cur_b, BWD)
             else:
                 if cur_row < M and not cur_done:
                     _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
-                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, offs, BWD, layout)
+                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, stride_a, offs, BWD, layout, ALIGN)
             # a program never waits for a row it still holds an unreduced unit of: units in flight
             # in the written unit's row (claims came fast) are reduced now, ahead of their steps. (A
             # claim started this step could be in that row only if the other programs took fewer than
@@ -891,11 +935,13 @@ if gluon is not None:
                 if AHEAD2:
                     if (nxt_row == w_row) & (w_row < M) & (not nxt_done):
                         _wait_slot(bars, (t + 1) % STAGES, ((t + 1) // STAGES) & 1, 1, TMA_LOAD)
-                        _reduce_unit(ring_a, ring_b, (t + 1) % STAGES, P, nxt_row, nxt_q, Q, N, offs, BWD, layout)
+                        _reduce_unit(ring_a, ring_b, (t + 1) % STAGES, P, nxt_row, nxt_q, Q, N, stride_a, offs, BWD,
+                                     layout, ALIGN)
                         nxt_done = True
                 if (new_row == w_row) & (w_row < M):
                     _wait_slot(bars, (t + AHEAD) % STAGES, ((t + AHEAD) // STAGES) & 1, 0, TMA_LOAD)
-                    _reduce_unit(ring_a, ring_b, (t + AHEAD) % STAGES, P, new_row, new_q, Q, N, offs, BWD, layout)
+                    _reduce_unit(ring_a, ring_b, (t + AHEAD) % STAGES, P, new_row, new_q, Q, N, stride_a, offs, BWD, layout,
+                                 ALIGN)
                     new_done = True
 
             # write the unit LAG steps back (from registers, or its slot), with the row statistic
@@ -914,13 +960,13 @@ if gluon is not None:
                     if STEPS_MERGE:
                         if fresh:
                             m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q,
-                                               spin_max, BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout)
+                                               spin_max, BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout, ALIGN)
                     st_row = w_row
                     st_m = m
                     st_s = s
                 else:
                     m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q, spin_max,
-                                       BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout)
+                                       BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout, ALIGN)
                 if HAS_PRIOR:  # the whole row's statistic, for its other columns
                     gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
                     gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
@@ -942,10 +988,21 @@ if gluon is not None:
                     shift = gl.where(m == float("-inf"), 0.0, m)
                     gl.store(LSE + w_row, m + gl.log(s), mask=w_q == 0)
                     out = _exp_over(a, shift, s, FOLD)  # a row with sum 0 is all -inf: y = 0
+                base_o, h = _row_start(w_row, stride_o, ALIGN)
                 start = w_q.to(gl.int64) * CHUNK
-                optrs = OUT + w_row.to(gl.int64) * stride_o + start + offs
-                gl.store(optrs, out.to(OUT.dtype.element_ty), mask=offs < (N - start).to(gl.int32),
-                         eviction_policy=STORE_EVICT)
+                optrs = OUT + base_o + start + offs
+                out = out.to(OUT.dtype.element_ty)
+                if ALIGN > 1:  # the vectors wholly in the row as vectors, then an end vector's elements
+                    first = h - w_q * CHUNK
+                    end = (N + h - start).to(gl.int32)
+                    gl.store(optrs, out, mask=(offs >= (first + ALIGN - 1) // ALIGN * ALIGN)
+                             & (offs < end // ALIGN * ALIGN), eviction_policy=STORE_EVICT)
+                    if (first > 0) | (end < CHUNK):
+                        ends = (offs >= first) & (offs < end) & ((offs < (first + ALIGN - 1) // ALIGN * ALIGN)
+                                                                 | (offs >= end // ALIGN * ALIGN))
+                        gl.store(optrs, out, mask=ends, eviction_policy=STORE_EVICT)
+                else:
+                    gl.store(optrs, out, mask=offs < (N - start).to(gl.int32), eviction_policy=STORE_EVICT)
             if DEEP:
                 fifo_row = _fifo_put(fifo_row, fidx, t % LAG, cur_row)
                 fifo_q = _fifo_put(fifo_q, fidx, t % LAG, cur_q)
@@ -1013,7 +1070,8 @@ if gluon is not None:
 
     @gluon.jit
     def _merge_partition(A, B, P, ERR, PRIOR, M, N, stride_a, stride_b, Q, spin_max, rows, stats, queue_bars,
-                         BWD: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, WAITS: gl.constexpr):
+                         BWD: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, WAITS: gl.constexpr,
+                         ALIGN: gl.constexpr):
         """The merging partition of ``_staged_kernel`` (its own warps): for each item of ``rows`` (a
         row; >= M: none; -1: the end), the row's statistic from its partial words, sent back through
         ``stats`` (the last row's kept, as consecutive items often share it). Where a word is still
@@ -1039,7 +1097,7 @@ if gluon is not None:
                     words = _row_words(P + row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
                     if WAITS:
                         m, s = _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max,
-                                           BWD, VEC * 32 * gl.num_warps(), PBLK, HAS_PRIOR, layout, playout)
+                                           BWD, VEC * 32 * gl.num_warps(), PBLK, HAS_PRIOR, layout, playout, ALIGN)
                         last = row
                         sent_m = m
                         sent_s = s
@@ -1063,14 +1121,15 @@ if gluon is not None:
 # Launchers (host side)
 # ----------------------------------------------------------------------------------------------
 def available(*tensors: torch.Tensor) -> bool:
-    """Whether split rows of these (M, N) tensors can take the staged kernel: CUDA sm_80+, Gluon,
-    and for 16-bit tensors, rows and pointers 16-byte aligned (cp.async copies 4, 8 or 16 bytes)."""
+    """Whether split rows of these (M, N) tensors (inputs and output) can take the staged kernel:
+    CUDA sm_80+, Gluon, and for 16-bit tensors, rows and pointers 16-byte aligned or rows that
+    ``F.row_align`` can shift to be (cp.async copies 4, 8 or 16 bytes)."""
     t = tensors[0]
     if not (STAGED and gluon is not None and t.is_cuda and cuda_major(t.device) >= 8):
         return False
     return all(u.element_size() >= 4 or (u.data_ptr() % 16 == 0 and u.shape[1] % 16 == 0
                                           and (u.shape[0] == 1 or u.stride(0) % 16 == 0))
-               for u in tensors)
+               for u in tensors) or F.row_align(*tensors) > 1
 
 
 def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_shared: int | None = None) -> tuple:
@@ -1189,10 +1248,10 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
     if (stages, ahead, lag) not in RINGS:
         raise ValueError(f"staged softmax config {config}: the kernel's rings, (STAGES, AHEAD, LAG), are {RINGS} "
                          f"(see RINGS); others measured slower in sessions 5-11 and are not built")
-    q = cdiv(n, chunk)
+    consts, warps = _constexprs(direction, a, b, out, config, prior is not None)
+    q = cdiv(n + consts["ALIGN"] - 1, chunk)
     if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
         return None
-    consts, warps = _constexprs(direction, a, b, out, config, prior is not None)
     args = _kernel_args(a, b, out, lse, prior, consts, _stand_in_words(a.device), q)
     programs = _resident(args, consts, warps, True)
     if q > capacity(lag, programs):
@@ -1214,7 +1273,9 @@ def held_columns(direction: str, a, b, out, config=None) -> int:
     consts, warps = _constexprs(direction, *probe, config, True)
     args = _kernel_args(*probe, None, torch.empty((4, m), device=a.device), consts, _stand_in_words(a.device), 2)
     chunks = min(capacity(lag, _resident(args, consts, warps, True)), MAX_PROGRAMS_PER_ROW)
-    return min(chunks * chunk, a.shape[1])
+    # (rows shifted by up to ALIGN - 1 elements, _row_start: the last ALIGN columns wait for the
+    # streamed ones, so that those start on 16 bytes too)
+    return min(chunks * chunk - (consts["ALIGN"] if consts["ALIGN"] > 1 else 0), a.shape[1])
 
 
 def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dict, int]:
@@ -1229,13 +1290,14 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
     if n > longest or (a.is_cuda and cuda_major(a.device) < 9):
         # (the partitions' register split, setmaxnreg, is sm_90+: for sm_80 LLVM aborts the compile)
         merge_warps, merge_early, merge_cap = 0, 0, None
+    align = 1 if width else F.row_align(a, b, out)
     consts = dict(BWD=bwd, CHUNK=chunk, STAGES=stages, AHEAD=ahead, LAG=lag,
-                  PBLK=max(WORDS_BLOCK, next_power_of_2(cdiv(n, chunk))),
+                  PBLK=max(WORDS_BLOCK, next_power_of_2(cdiv(n + align - 1, chunk))),
                   LOAD_EVICT=LOAD_EVICT, STORE_EVICT=STORE_EVICT,
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior,
                   MERGE_WARPS=merge_warps, MERGE_EARLY=merge_early, MERGE_REGS=MERGE_REGS,
-                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting)
+                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align)
     caps = [REGISTER_CAPS.get(key), merge_cap]
     if any(caps):
         consts["maxnreg"] = min(cap for cap in caps if cap)
