@@ -64,7 +64,7 @@ def no_merge(src: str) -> str:
     with its own chunk's statistic)."""
     src = edit(src, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
-            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout)
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout, ALIGN)
 ''', '''        m, s = gl.to_tensor(0.0), gl.to_tensor(1.0)
 ''')
     return edit(src, '''                if (w_row < M) & fresh:
