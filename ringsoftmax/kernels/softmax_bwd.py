@@ -301,7 +301,7 @@ def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     delta = torch.zeros(m, dtype=torch.float32, device=y.device)
     if m == 0 or n == 0:
         return delta
-    if n + fwd.row_align(y, dy) - 1 <= BWD_ROWS_MAX_N:
+    if fwd.rows_fit(BWD_ROWS_MAX_N, y, dy):
         _rows(y, dy, y, delta, store_dx=False)
         return delta
     return _two_pass_dot(y, dy)
@@ -322,12 +322,11 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
     dx = torch.empty((m, n), dtype=dy.dtype, device=dy.device)
     if m == 0 or n == 0:
         return dx
-    align = fwd.row_align(y, dy, dx)  # rows not 16-byte aligned: tiles of up to align - 1 more columns
     if delta is not None:
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
     elif fwd.staged_split("bwd", y, dy, dx):
         pass
-    elif n + align - 1 <= BWD_ROWS_MAX_N:
+    elif fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx):
         _rows(y, dy, dx, None, store_dx=True)
     elif fwd.held_split("bwd", y, dy, dx):
         pass

@@ -524,6 +524,12 @@ def row_align(*tensors: torch.Tensor) -> int:
     return align
 
 
+def rows_fit(limit: int, *tensors: torch.Tensor) -> bool:
+    """Whether (M, N) rows ``tensors`` (inputs and outputs) fit a rows kernel of at most ``limit``
+    columns: N, plus the up to ALIGN - 1 columns a tile shifted to 16 bytes takes (``row_align``)."""
+    return tensors[0].shape[1] + row_align(*tensors) - 1 <= limit
+
+
 def split_chunk(elem: int, table=None):
     """(chunk, num_warps) of a split row's per-program piece for an element size."""
     return (table or SPLIT_CHUNK)[elem]
@@ -796,8 +802,7 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     if m == 0 or n == 0:
         return y, _empty_rows(x, m) if with_lse else None
     staged = staged_fits("fwd", x, x, y)
-    align = row_align(x, y)  # rows not 16-byte aligned: tiles of up to align - 1 more columns
-    short = n + align - 1 <= ROWS_MAX_N[x.element_size()]
+    short = rows_fit(ROWS_MAX_N[x.element_size()], x, y)
     # lse (M,) float32, not allocated where only the rows kernel runs and the caller drops it
     lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not short else None
     if staged and _staged_launch("fwd", x, x, y, lse):
@@ -825,7 +830,7 @@ def row_stats(x: torch.Tensor):
     m, n = x.shape
     if m == 0 or n == 0:
         return _empty_rows(x, m), torch.zeros(m, dtype=torch.float32, device=x.device)
-    if n + row_align(x) - 1 <= ROWS_MAX_N[x.element_size()]:
+    if rows_fit(ROWS_MAX_N[x.element_size()], x):
         mx = torch.empty(m, dtype=torch.float32, device=x.device)
         sx = torch.empty_like(mx)
         _rows(x, x, mx, mx, sx, store_y=False)

@@ -995,12 +995,11 @@ if gluon is not None:
                 if ALIGN > 1:  # the vectors wholly in the row as vectors, then an end vector's elements
                     first = h - w_q * CHUNK
                     end = (N + h - start).to(gl.int32)
-                    gl.store(optrs, out, mask=(offs >= (first + ALIGN - 1) // ALIGN * ALIGN)
-                             & (offs < end // ALIGN * ALIGN), eviction_policy=STORE_EVICT)
+                    body = (offs >= (first + ALIGN - 1) // ALIGN * ALIGN) & (offs < end // ALIGN * ALIGN)
+                    gl.store(optrs, out, mask=body, eviction_policy=STORE_EVICT)
                     if (first > 0) | (end < CHUNK):
-                        ends = (offs >= first) & (offs < end) & ((offs < (first + ALIGN - 1) // ALIGN * ALIGN)
-                                                                 | (offs >= end // ALIGN * ALIGN))
-                        gl.store(optrs, out, mask=ends, eviction_policy=STORE_EVICT)
+                        gl.store(optrs, out, mask=(offs >= first) & (offs < end) & (body == 0),
+                                 eviction_policy=STORE_EVICT)
                 else:
                     gl.store(optrs, out, mask=offs < (N - start).to(gl.int32), eviction_policy=STORE_EVICT)
             if DEEP:
