@@ -82,8 +82,8 @@ STREAM_EXACT = True
 #: moves aligned vectors from each row's start rounded down (``tile_masks``), False one element at a
 #: time. On an H200 (session 34, M * N = 2^28): the two-pass backward (bf16) 50 / 50% of copy against
 #: 33 / 26% at N = 1000003 / 4194305; the two-pass forward 43.7 / 43.6 against 41.4 / 42.0 (bf16) and
-#: 61.9 / 61.7 against 54.7 / 55.1 (float32), with the masks in 32 bits (in 64 bits the bf16 forward
-#: lost 5 points: every tile pays for the end vectors' masks).
+#: 61.9 / 61.7 against 54.7 / 55.1 (float32), one run, with the masks in 32 bits (with 64-bit masks
+#: the bf16 forward ran 41 / 42 in the bench against 46 / 47 before: every tile pays for the masks).
 STREAM_ALIGNED_VECTORS = {"fwd": True, "bwd": True}
 #: Split rows, persistent kernel: (chunk elements per program, num_warps).
 SPLIT_CHUNK = {4: (4096, 4), 2: (4096, 4)}
