@@ -531,6 +531,15 @@ def test_staged_table_fits_and_checks_its_config_cpu():
                 assert small == config
             assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
     assert S.slot_bytes("bwd", 2, S.staged_config("bwd", 2, 1 << 20)) > ampere  # (the case above is reached)
+    for (direction, elem), entries in S.STAGED_CONFIG_SHIFTED.items():  # rows not 16-byte aligned
+        shortest = [n for n, _ in entries]
+        assert shortest[0] == 0 and shortest == sorted(shortest) and entries[-1][1] is None
+        for i, (n, config) in enumerate(entries):
+            past = S.staged_config(direction, elem, n + 1, tma=False)
+            assert S.staged_config(direction, elem, n + 1, tma=False, shifted=True) == (config or past)
+            if config is not None:
+                assert config[2:5] in S.RINGS and not config[5] and S.slot_bytes(direction, elem, config) <= hopper
+                assert config[0] % (32 * config[1] * 16 // elem) == 0
     x = torch.randn(2, 1 << 16)
     assert not S.available(x)
     # a ring the table takes only with TMA loads gives way to the entry before it where rows cannot
@@ -574,11 +583,13 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m, n", [(300, 40001), (37, 2**19 + 17), (5, 2**20 + 3), (3, 2**21 + 5)])
+@pytest.mark.parametrize("m, n", [(300, 40001), (50, 40958), (37, 2**19 + 17), (5, 2**20 + 3), (3, 2**21 + 5)])
 def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     """Rows that do not start on 16 bytes, shifted (``ALIGN``): every row starts at another offset in
-    16 bytes (N odd), the table's rings from lag 1 to the deep ones by cp.async, both directions; the
-    outputs go into the middle of a larger buffer whose other columns must keep their value."""
+    16 bytes (N odd), or rows of N = 40958, which for the rows shifted least leave their last chunk
+    empty (Q counts N + ALIGN - 1 columns); the rings of ``STAGED_CONFIG_SHIFTED`` and the main
+    table's deep ones by cp.async, both directions; the outputs go into the middle of a larger
+    buffer whose other columns must keep their value."""
     pad = 16
 
     def framed():
@@ -591,6 +602,8 @@ def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     x = make_x(m, n, dtype, "cuda", scale=30.0)
     big, y = framed()
     assert S.available(x, x, y) and S.tma_width(n, 8192, x) == 0  # (by cp.async)
+    elem = x.element_size()
+    assert S.launch_config("fwd", x, x, y) == S.staged_config("fwd", elem, n, tma=False, shifted=True)
     lse = torch.empty(m, device="cuda")
     assert S.launch("fwd", x, x, y, lse)
     check_fwd(x, y.contiguous(), lse, TOL[dtype])

@@ -20,7 +20,7 @@ Staged softmax (``softmax_staged.py``):
 - ``sm_stream``: also no chunk statistic and no publishing (a store under a false mask keeps one
   read of the chunk from shared memory and a CTA-wide min): cp.async or TMA into the ring (as the
   table says), read back, exp, store: the data path alone;
-- ``sm_copy``: also no exp: the chunk copied through the ring as it is.
+- ``sm_copy``: also no exp (backward: no dx formula): the chunk copied through the ring as it is.
 Counting copies of the staged kernel (right values; the probe's column of waits given up then holds
 the count, for the checked launch and the timed ones together):
 - ``sm_count_merges``: each merge of a row's partial words adds 1 (session 30, H200: 12672 at bf16
@@ -64,7 +64,7 @@ def no_merge(src: str) -> str:
     with its own chunk's statistic)."""
     src = edit(src, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
-            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout, ALIGN)
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, PIECE, layout, ALIGN)
 ''', '''        m, s = gl.to_tensor(0.0), gl.to_tensor(1.0)
 ''')
     return edit(src, '''                if (w_row < M) & fresh:
@@ -91,7 +91,7 @@ def staged(out: pathlib.Path) -> None:
                   '''        gl.store(P + row.to(gl.int64) * Q + q, _pack(gl.min(a, axis=0) * 0.0, gl.to_tensor(1.0)),
                  mask=a.shape[0] < 0)''')
     (out / "sm_stream.py").write_text(stream)
-    copy = edit(stream, "out = _exp_over(a, shift, s, FOLD)", "out = a")
+    copy = edit(stream, "out = _output(a, b, m, s, BWD, FOLD).to(OUT.dtype.element_ty)", "out = a.to(OUT.dtype.element_ty)")
     (out / "sm_copy.py").write_text(copy)
     gave_up = '''        done = (n == 0) & (spin_max >= 0)
         gl.atomic_add(ERR, 1, mask=done == 0, sem="relaxed")

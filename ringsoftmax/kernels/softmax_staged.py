@@ -192,6 +192,31 @@ STAGED_CONFIG = {
                  (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (4096, 4, 7, 1, 6, True)),
                  (5406721, (4096, 4, 7, 1, 7, True))],
 }
+#: Configs for rows that are not 16-byte aligned (``F.row_align`` > 1: cp.async copies of rows shifted
+#: to 16 bytes, no TMA), by (direction, element size): entries (shortest row, config) as in
+#: ``STAGED_CONFIG``, where None hands rows from that length on back to ``STAGED_CONFIG``. Session 35,
+#: H200, % of copy (``benchmarks/probes/softmax_staged.py --configs``, logs
+#: ``benchmarks/logs/2026-11-23-h200-s35-*``), against the main table's configs on these rows:
+#: - bf16 forward: lag 1 of 8192 (capped, ``SHIFTED_REGISTER_CAPS``) 76.6 / 81.2 / 81.3 at 50257 /
+#:   100003 / 300007 against 51.3 / 59.9 / 74.2; from 2^19 lag 2 of 16384 in 3 slots, 81.1 / 81.1 / 81.6 /
+#:   82.2 at 600011 / 1000003 / 2000003 / 3000017 (lag 1 74.1 / 72.2 / 69.9 / 61.8; main 56-57).
+#: - bf16 backward: lag 1 of 4096 84.2 / 82.7 at 50257 / 100003 (main 78.1 / 69.3); from 2^18 lag 2 in 4
+#:   slots, 85.9 / 85.9 / 85.4 at 300007 / 600011 / 1000003 (lag 5 84.0 / 84.2 / 83.2, main 69); from
+#:   2^20 + 1 lag 5 (lag 2's capacity is 1.6M), 84.0 at 2000003 (the main table's config 51.0, 28.1 at
+#:   the session's start).
+#: - float32 forward: lag 1 of 4096 87.7 / 86.7 at 50257 / 100003 against 81.6 / 86.4; from 2^18 the
+#:   main table (93.5 at 300007 against 84.8).
+#: - float32 backward: lag 1 of 4096 90.6 / 89.7 at 50257 / 100003 against 57.7 / 58.7; from 2^18 lag 5
+#:   of 4096 (by TMA only in the main table), 91.8 / 92.6 / 92.9 / 93.4 / 80.9 at 300007 / 600011 /
+#:   1000003 / 1500007 / 2000003 against lag 1's 80.2 / 58.5 / 75.2 and the main table's 60-61 (2048 in
+#:   lag 5 at 1500007 / 2000003: 80.9 / 78.8).
+STAGED_CONFIG_SHIFTED = {
+    ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (262144, None)],
+    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (524288, (16384, 4, 3, 1, 2, False)), (4194305, None)],
+    ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (262144, (4096, 4, 7, 1, 5, False)), (2097153, None)],
+    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (262144, (4096, 4, 4, 1, 2, False)),
+                 (1048577, (4096, 4, 7, 1, 5, False)), (2097153, None)],
+}
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
 #: bf16 92% at 16K against 82%, backward 96-100% at 32K against 94-96%.
@@ -258,6 +283,12 @@ TMA_ONLY_CONFIGS = {("fwd", 4): ((8192, 4, 7, 1, 5), (4096, 4, 6, 1, 4), (8192, 
 #: triton 3.6; the table's figures are of the capped builds). (Lag 4 in the same 4 slots, capped at
 #: 168 too, left the table in session 31 for the merging partition's lag 5.)
 REGISTER_CAPS = {("fwd", 2, (8192, 4, 4, 1, 3)): 168}
+#: The same for builds on rows not 16-byte aligned (ALIGN > 1), whose end vectors take registers: the
+#: 16-bit forward's lag-1 ring of 8192 (4 warps, 3 slots of 16 KB) takes 168 unbounded (three programs
+#: per multiprocessor), 128 capped without a spill (four; session 35, H200, before the end vectors
+#: were written apart (``_write_ends``): 72.5 / 78.4% of copy at bf16 50257 / 100003 against 51.5 /
+#: 60.2 uncapped).
+SHIFTED_REGISTER_CAPS = {("fwd", 2, (8192, 4, 3, 1, 1)): 128}
 
 #: Deep-ring configs (lag >= 3) whose rows' partial words a partition of more warps merges, beside
 #: the program's steps (``_merge_partition``), by (direction, element size, config[:5]): (its warps,
@@ -605,6 +636,44 @@ if gluon is not None:
         return e
 
     @gluon.jit
+    def _output(a, b, m, s, BWD: gl.constexpr, FOLD: gl.constexpr):
+        """What the write stores for float32 inputs a, b of a row with statistic (m, s): backward dx =
+        y * (dy - dot) (a = y, b = dy, m = dot); forward y = exp(a - m) / s (``_exp_over``; a row
+        with sum 0 is all -inf: y = 0)."""
+        if BWD:
+            return a * (b - m)
+        else:
+            return _exp_over(a, gl.where(m == float("-inf"), 0.0, m), s, FOLD)
+
+    @gluon.jit
+    def _body(cols, first, end, ALIGN: gl.constexpr):
+        """Mask of the columns ``cols`` of a chunk in the aligned vectors wholly inside the row, whose
+        elements are its columns first ... end - 1 (int32; ALIGN > 1, ``_row_start``)."""
+        return (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < end // ALIGN * ALIGN)
+
+    @gluon.jit
+    def _write_ends(A, B, OUT, row, start, first, end, stride_a, stride_b, stride_o, m, s, BWD: gl.constexpr,
+                    FOLD: gl.constexpr, CHUNK: gl.constexpr, EVICT: gl.constexpr, ALIGN: gl.constexpr):
+        """Write the row's elements in the chunk at column ``start`` of its shifted row (``_row_start``;
+        its elements are the chunk's columns first ... end - 1) that lie in its end vectors, the ones
+        only partly in the row (the chunk's vectors store the others, ``_body``): computed again from the
+        inputs (a few bytes, just read) on a tile of those two vectors, stored one element at a time."""
+        elayout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        j = gl.arange(0, 2 * ALIGN, elayout)
+        # the vector at the chunk's first column, then the one holding column end (where the row ends)
+        cols = gl.where(j < ALIGN, j, end // ALIGN * ALIGN + j - ALIGN)
+        ok = (cols >= first) & (cols < end) & (cols >= 0) & (cols < CHUNK) & (_body(cols, first, end, ALIGN) == 0)
+        base_a, _ = _row_start(row, stride_a, ALIGN)
+        a = gl.load(A + base_a + start + cols, mask=ok, other=0.0).to(gl.float32)
+        b = a
+        if BWD:
+            base_b, _ = _row_start(row, stride_b, ALIGN)
+            b = gl.load(B + base_b + start + cols, mask=ok, other=0.0).to(gl.float32)
+        base_o, _ = _row_start(row, stride_o, ALIGN)
+        gl.store(OUT + base_o + start + cols, _output(a, b, m, s, BWD, FOLD).to(OUT.dtype.element_ty), mask=ok,
+                 eviction_policy=EVICT)
+
+    @gluon.jit
     def _chunk_stat(a, b, BWD: gl.constexpr):
         """(stat, aux) of one float32 chunk: forward (max, sum of exp(a - max)); backward (dot, 1).
 
@@ -627,21 +696,22 @@ if gluon is not None:
             return m_new, s * gl.exp(m - shift) + cs * gl.exp(cm - shift)
 
     @gluon.jit
-    def _row_from_global(A, B, row, N, stride_a, stride_b, BWD: gl.constexpr, CHUNK: gl.constexpr,
+    def _row_from_global(A, B, row, N, stride_a, stride_b, BWD: gl.constexpr, PIECE: gl.constexpr,
                          layout: gl.constexpr, ALIGN: gl.constexpr):
-        """The row's statistic read from the inputs themselves, CHUNK elements (``layout``) at a time
-        (from ``_row_start``'s offset): the fallback after a wait gives up."""
+        """The row's statistic read from the inputs themselves, PIECE elements (``layout``) at a time
+        (from ``_row_start``'s offset): the fallback after a wait gives up (``_staged_steps`` picks
+        PIECE)."""
         if BWD:
             m = 0.0
         else:
             m = float("-inf")
         s = 0.0
-        offs = gl.arange(0, CHUNK, layout)
+        offs = gl.arange(0, PIECE, layout)
         base_a, h = _row_start(row, stride_a, ALIGN)
         base_b, _ = _row_start(row, stride_b, ALIGN)
         end = N + h
-        for c in range(0, (end + CHUNK - 1) // CHUNK):
-            start = c.to(gl.int64) * CHUNK
+        for c in range(0, (end + PIECE - 1) // PIECE):
+            start = c.to(gl.int64) * PIECE
             last = end
             if ALIGN > 1:  # whole vectors, the neighbours' elements then dropped
                 last = (end + ALIGN - 1) // ALIGN * ALIGN
@@ -663,7 +733,7 @@ if gluon is not None:
 
     @gluon.jit
     def _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max, BWD: gl.constexpr,
-                    CHUNK: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, layout: gl.constexpr,
+                    PIECE: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, layout: gl.constexpr,
                     playout: gl.constexpr, ALIGN: gl.constexpr):
         """(stat, sum) of ``row`` from its partial words (``words``: a first read of them), or, where
         the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``); with
@@ -671,7 +741,7 @@ if gluon is not None:
         PRIOR[M + row])."""
         done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
-            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, CHUNK, layout, ALIGN)
+            m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, PIECE, layout, ALIGN)
         if HAS_PRIOR:
             m, s = _merge_pair(m, s, gl.load(PRIOR + row), gl.load(PRIOR + M + row), BWD)
         return m, s
@@ -789,6 +859,12 @@ if gluon is not None:
         # lag L in L slots: the unit written at step t + 1 leaves its slot at the end of step t - 1 too
         # (next_a, next_b; at the end of step t it becomes old_a, old_b): two chunks in registers
         HOLD2: gl.constexpr = HOLD_OLD and (STAGES == LAG)
+        # the fallback's reads of a row (``_row_from_global``): a vector per thread at a time, but whole
+        # chunks in aligned rings that hold chunks in registers. (Session 35, H200, bf16 forward: vectors
+        # ran 80.9% of copy at 1000448, lag 2 in 4 slots, against 75.3 by chunks, but 89.8 against 93.4
+        # at 2M-4M in lag 2 in 3 slots, a chunk in registers; equal elsewhere: the registers its code
+        # takes shift what the compiler allocates to the steps.)
+        PIECE: gl.constexpr = CHUNK if (ALIGN == 1) and (HOLD or HOLD_OLD) else VEC * 32 * gl.num_warps()
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         STEPS_MERGE: gl.constexpr = (not MERGE) or (not MERGE_WAITS)  # the steps read and merge words
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
@@ -960,13 +1036,13 @@ if gluon is not None:
                     if STEPS_MERGE:
                         if fresh:
                             m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q,
-                                               spin_max, BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout, ALIGN)
+                                               spin_max, BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN)
                     st_row = w_row
                     st_m = m
                     st_s = s
                 else:
                     m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q, spin_max,
-                                       BWD, CHUNK, PBLK, HAS_PRIOR, layout, playout, ALIGN)
+                                       BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN)
                 if HAS_PRIOR:  # the whole row's statistic, for its other columns
                     gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
                     gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
@@ -976,6 +1052,7 @@ if gluon is not None:
                     a = _held_chunk(old_a, A.dtype.element_ty, layout).to(gl.float32)
                 else:
                     a = _flat(ring_a.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
+                b = a
                 if BWD:
                     if HOLD:
                         b = old_b.to(gl.float32)
@@ -983,23 +1060,19 @@ if gluon is not None:
                         b = _held_chunk(old_b, B.dtype.element_ty, layout).to(gl.float32)
                     else:
                         b = _flat(ring_b.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
-                    out = a * (b - m)
                 else:
-                    shift = gl.where(m == float("-inf"), 0.0, m)
                     gl.store(LSE + w_row, m + gl.log(s), mask=w_q == 0)
-                    out = _exp_over(a, shift, s, FOLD)  # a row with sum 0 is all -inf: y = 0
+                out = _output(a, b, m, s, BWD, FOLD).to(OUT.dtype.element_ty)
                 base_o, h = _row_start(w_row, stride_o, ALIGN)
                 start = w_q.to(gl.int64) * CHUNK
                 optrs = OUT + base_o + start + offs
-                out = out.to(OUT.dtype.element_ty)
-                if ALIGN > 1:  # the vectors wholly in the row as vectors, then an end vector's elements
+                if ALIGN > 1:  # the vectors wholly in the row as vectors, then its end vectors' elements
                     first = h - w_q * CHUNK
                     end = (N + h - start).to(gl.int32)
-                    body = (offs >= (first + ALIGN - 1) // ALIGN * ALIGN) & (offs < end // ALIGN * ALIGN)
-                    gl.store(optrs, out, mask=body, eviction_policy=STORE_EVICT)
+                    gl.store(optrs, out, mask=_body(offs, first, end, ALIGN), eviction_policy=STORE_EVICT)
                     if (first > 0) | (end < CHUNK):
-                        gl.store(optrs, out, mask=(offs >= first) & (offs < end) & (body == 0),
-                                 eviction_policy=STORE_EVICT)
+                        _write_ends(A, B, OUT, w_row, start, first, end, stride_a, stride_b, stride_o, m, s, BWD, FOLD,
+                                    CHUNK, STORE_EVICT, ALIGN)
                 else:
                     gl.store(optrs, out, mask=offs < (N - start).to(gl.int32), eviction_policy=STORE_EVICT)
             if DEEP:
@@ -1131,14 +1204,22 @@ def available(*tensors: torch.Tensor) -> bool:
                for u in tensors) or F.row_align(*tensors) > 1
 
 
-def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_shared: int | None = None) -> tuple:
+def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_shared: int | None = None,
+                  shifted: bool = False) -> tuple:
     """The table's config for rows of ``n`` elements of ``elem`` bytes (see ``STAGED_CONFIG``);
     without ``tma`` (rows that cannot take TMA loads), entries that are ``tma_only`` are passed over,
     and so are entries whose slots need more than ``max_shared`` bytes (a block's shared memory on
-    the device; None: no limit)."""
+    the device; None: no limit). ``shifted``: rows not 16-byte aligned, which take
+    ``STAGED_CONFIG_SHIFTED``'s entry where it has one."""
+    def fits(config):
+        return max_shared is None or slot_bytes(direction, elem, config) <= max_shared
+
+    if shifted:
+        own = [config for shortest, config in STAGED_CONFIG_SHIFTED.get((direction, elem), ()) if n >= shortest]
+        if own and own[-1] is not None and fits(own[-1]):
+            return own[-1]
     return [config for shortest, config in STAGED_CONFIG[(direction, elem)]
-            if n >= shortest and (tma or not tma_only(direction, elem, config))
-            and (max_shared is None or slot_bytes(direction, elem, config) <= max_shared)][-1]
+            if n >= shortest and (tma or not tma_only(direction, elem, config)) and fits(config)][-1]
 
 
 def slot_bytes(direction: str, elem: int, config) -> int:
@@ -1160,16 +1241,18 @@ def block_shared_limit(index: int) -> int:
     return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
-def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
-    """The table's config for (M, N) rows a, b (``staged_config``): a ``tma_only`` config only where
-    these rows take TMA loads, and slots only as large as a block's shared memory on their GPU."""
+def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple:
+    """The table's config for (M, N) rows a, b (output ``out``, where given) (``staged_config``): a
+    ``tma_only`` config only where these rows take TMA loads, ``STAGED_CONFIG_SHIFTED``'s where they
+    are not 16-byte aligned, and slots only as large as a block's shared memory on their GPU."""
     elem, n = F.element_size(a, b), a.shape[1]
     limit = None if not a.is_cuda else block_shared_limit(a.device.index if a.device.index is not None
                                                           else torch.cuda.current_device())
     config = staged_config(direction, elem, n, max_shared=limit)
-    if tma_only(direction, elem, config) and not (TMA_LOADS and tma_width(n, config[0], a, b)):
-        config = staged_config(direction, elem, n, tma=False, max_shared=limit)
-    return config
+    if TMA_LOADS and tma_width(n, config[0], a, b):
+        return config
+    shifted = F.row_align(a, b, *(() if out is None else (out,))) > 1
+    return staged_config(direction, elem, n, tma=False, max_shared=limit, shifted=shifted)
 
 
 def tma_width(n: int, chunk: int, *tensors: torch.Tensor) -> int:
@@ -1242,7 +1325,7 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
     """(grid, claim, Q, constexprs, num_warps) of ``launch`` on these rows, or None where one row's
     chunks outnumber what the resident grid holds."""
     m, n = a.shape
-    config = config or launch_config(direction, a, b)
+    config = config or launch_config(direction, a, b, out)
     chunk, _, stages, ahead, lag, _ = config
     if (stages, ahead, lag) not in RINGS:
         raise ValueError(f"staged softmax config {config}: the kernel's rings, (STAGES, AHEAD, LAG), are {RINGS} "
@@ -1266,7 +1349,7 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
 def held_columns(direction: str, a, b, out, config=None) -> int:
     """How many leading columns of (M, N) rows a, b (out) one launch with a ``prior`` keeps on chip:
     ``capacity`` chunks of ``config`` (default: the table's, for rows of N), at most N."""
-    chunk, _, _, _, lag, _ = config = config or launch_config(direction, a, b)
+    chunk, _, _, _, lag, _ = config = config or launch_config(direction, a, b, out)
     m = a.shape[0]
     probe = (a[:, :chunk], b[:, :chunk], out[:, :chunk])  # as the launch's views (its key and TMA width)
     consts, warps = _constexprs(direction, *probe, config, True)
@@ -1297,7 +1380,7 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior,
                   MERGE_WARPS=merge_warps, MERGE_EARLY=merge_early, MERGE_REGS=MERGE_REGS,
                   MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align)
-    caps = [REGISTER_CAPS.get(key), merge_cap]
+    caps = [REGISTER_CAPS.get(key), merge_cap, SHIFTED_REGISTER_CAPS.get(key) if align > 1 else None]
     if any(caps):
         consts["maxnreg"] = min(cap for cap in caps if cap)
     return consts, warps
@@ -1334,7 +1417,8 @@ def memo(name: str, tensors, extra, build):
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
              WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
-             tuple(REGISTER_CAPS.items()), tuple(MERGE_PARTITIONS.items()), MERGE_REGS,
+             tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(MERGE_PARTITIONS.items()),
+             MERGE_REGS, tuple((k, tuple(v)) for k, v in STAGED_CONFIG_SHIFTED.items()),
              tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
