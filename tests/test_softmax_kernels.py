@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from helpers import rel_err, softmax64
 from ringsoftmax.kernels import softmax_bwd as B
@@ -109,18 +110,24 @@ def test_fwd_rows_cpu(n, dtype, poisoned):
 
 @cpu_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_rows_exact_tiles_cpu(dtype, poisoned):
-    """Rows the tiles cover exactly run without masks (EVEN): 8 rows of 128, -inf entries, an all -inf row."""
-    x = make_x(8, 128, dtype, "cpu")
-    block_m, block_n, _, _ = F.tile_config(8, 128, x.element_size())
-    assert F.rows_tile_args(8, 128, block_m, block_n, (128, 128))["EVEN"]
+@pytest.mark.parametrize("n", [128, 80])
+def test_rows_exact_tiles_cpu(n, dtype, poisoned, monkeypatch):
+    """Rows the tiles cover exactly run without masks (EVEN): 8 rows of 128 (one tile) or 80 (a tile
+    of 64 and a tail tile of 16), -inf entries, an all -inf row; the backward with rows in registers,
+    in pieces with a tail piece (64 + 16), and in pieces of 16 that take the tail in their loop."""
+    x = make_x(8, n, dtype, "cpu")
+    block_m, block_n, tail_n, _ = F.rows_config(8, n, x.element_size())
+    assert (block_n, tail_n) == ((128, 0) if n == 128 else (64, 16))
+    assert F.rows_tile_args(8, n, block_m, block_n, (n, n), tail_n=tail_n)["EVEN"]
     y, lse = F.softmax_fwd(x)
     check_fwd(x, y, lse, TOL[dtype])
     check_stats(x, *F.row_stats(x))
     y_only, none = F.softmax_fwd(x, with_lse=False)   # the rows kernel without its lse store
     assert none is None and torch.equal(y_only, y)
-    yb, dy = softmax_pair(8, 128, dtype, "cpu")
-    check_bwd(yb, dy, B.softmax_bwd(yb, dy), TOL[dtype])
+    yb, dy = softmax_pair(8, n, dtype, "cpu")
+    for chunk in (None, 16384, 16):
+        monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
+        check_bwd(yb, dy, B.softmax_bwd(yb, dy), TOL[dtype])
 
 
 def test_host_integer_helpers_match_triton():
@@ -137,12 +144,88 @@ def test_host_integer_helpers_match_triton():
 def test_rows_tile_args():
     """Masks only where tiles overhang the rows; 64-bit offsets once any offset (padding rows too) needs them."""
     assert F.rows_tile_args(8, 128, 8, 128, (128,))["EVEN"]
+    assert F.rows_tile_args(8, 96, 8, 64, (96,), tail_n=32)["EVEN"]  # a main tile and a tail tile
+    assert not F.rows_tile_args(8, 95, 8, 64, (95,), tail_n=32)["EVEN"]
+    stride = 2**31 - 2**29                                            # the tail tile's offsets count
+    assert not F.rows_tile_args(2, 2**29, 1, 2**29, (stride,))["OFFS64"]
+    assert F.rows_tile_args(2, 2**29 + 8, 1, 2**29, (stride,), tail_n=8)["OFFS64"]
     assert not F.rows_tile_args(5, 128, 8, 128, (128,))["EVEN"]      # rows overhang
     assert not F.rows_tile_args(8, 100, 8, 128, (100,))["EVEN"]      # columns overhang
     assert not F.rows_tile_args(8, 128, 8, 128, (128,))["OFFS64"]
     assert F.rows_tile_args(2**21 + 1, 1024, 1, 1024, (1024,))["OFFS64"]
     assert F.rows_tile_args(3, 16, 4, 16, (2**30,))["OFFS64"]         # a large row stride, padding row included
     assert not F.rows_tile_args(2**21 - 1, 1024, 1, 1024, (1024,))["OFFS64"]
+
+
+def test_row_edges():
+    """End vectors apart (EDGES) wherever a row may start or end inside 16 bytes: N or a row stride (of
+    any tensor, rows past the first) not a multiple of ALIGN."""
+    x = torch.empty(4, 1000, dtype=torch.bfloat16)
+    assert F.row_align(x) == 8 and not F.row_edges(8, x)
+    assert F.row_edges(8, x[:, :999]) and F.row_edges(8, x[:, 4:], x[:, :996])
+    assert not F.row_edges(8, x[:, 8:], x[:, :992])
+    assert not F.row_edges(1, x[:, :999]) and not F.row_edges(8, x[:1, 3:995])  # (one row: no stride)
+
+
+@cpu_only
+@pytest.mark.parametrize("align", [4, 8])
+def test_edge_tile_masks_cpu(align):
+    """Every element of every row is written once: by the tiles' body or by the edge tile (each
+    element of it once, the head and tail vectors of short rows included), and nothing outside the
+    rows; in chunks of a streaming kernel, by the one chunk holding it (``chunk_edges``), which
+    ``chunk_has_edges`` lets through."""
+    rows, width, block_n = 2 * align, 64, 16
+    h = torch.arange(rows) % align  # (row r starts at element r)
+    c = torch.arange(width)[None, :]
+    for n in (1, 2, align - 1, align, align + 1, 2 * align + 3, 3 * align, 4 * align + 1, 40):
+        count = torch.zeros(rows, width, dtype=torch.int32)
+        _count_writes_kernel[(1,)](count, n, width // block_n, ROWS=rows, WIDTH=width, BLOCK_N=block_n, ALIGN=align)
+        want = ((c >= h[:, None]) & (c < (h + n)[:, None])).to(torch.int32)
+        assert torch.equal(count, 2 * want), (n, align)
+
+
+@triton.jit
+def _count_writes_kernel(COUNT, N, K, ROWS: tl.constexpr, WIDTH: tl.constexpr, BLOCK_N: tl.constexpr,
+                         ALIGN: tl.constexpr):
+    """COUNT (ROWS, WIDTH) int32 zeros: + 1 for each element that the body masks of a whole-row tile
+    and the edge tile write, + 1 for each that K chunks of BLOCK_N columns write (``chunk_edges``);
+    row r starts at element r (stride 1: h = r mod ALIGN)."""
+    rows = tl.arange(0, ROWS)
+    row_ok = rows < ROWS
+    cols = tl.arange(0, WIDTH)[None, :]
+    out = COUNT + rows[:, None] * WIDTH
+    body = F.tile_masks(rows, row_ok, cols, N, 1, ALIGN, True)[2]
+    tl.atomic_add(out + cols, body.to(tl.int32))
+    cols_e, edge = F.edge_tile(rows, row_ok, N, 1, ALIGN)
+    tl.atomic_add(out + cols_e, edge.to(tl.int32), mask=edge)
+    for k in range(0, K):
+        chunk = k * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tl.atomic_add(out + chunk, F.tile_masks(rows, row_ok, chunk, N, 1, ALIGN, True)[2].to(tl.int32))
+        if F.chunk_has_edges(k, N, BLOCK_N, ALIGN):
+            cols_k, edge_k = F.chunk_edges(rows, row_ok, k, N, 1, BLOCK_N, ALIGN)
+            tl.atomic_add(out + cols_k, edge_k.to(tl.int32), mask=edge_k)
+
+
+def test_tail_split_and_rows_config(monkeypatch):
+    """The rows kernels' tiles: a power-of-two main tile and a tail tile of at most a quarter of it
+    where the two cover the row, rows per program counting both (a power of two) and warps
+    from the main tile; ``ROWS_TAIL = False``: one tile."""
+    assert F.tail_split(4104) == (4096, 8)            # bf16 N = 4097, shifted to 16 bytes
+    assert F.tail_split(300) == (256, 64)
+    for cols, want in [(1007, (1024, 0)), (6144, (8192, 0)), (6145, (8192, 0)), (4096, (4096, 0)), (1, (1, 0)),
+                       (3, (4, 0)), (5, (4, 1))]:
+        assert F.tail_split(cols) == want, cols
+    assert F.rows_config(64, 4104, 2) == (1, 4096, 8, 4)
+    assert F.rows_config(64, 4104, 2, per_thread=B.BWD_ELEMS_PER_THREAD, tile=B.BWD_ROWS_TILE,
+                         max_warps=B.BWD_ROWS_MAX_WARPS) == (1, 4096, 8, 16)
+    assert F.rows_config(64, 40, 4) == (16, 32, 8, 2)  # 1024 // 40 = 25 rows -> 16
+    assert F.rows_config(3, 40, 4) == (4, 32, 8, 1)
+    for cols in range(1, 3000, 7):
+        block_m, block_n, tail_n, _ = F.rows_config(1000, cols, 4)
+        assert block_n + tail_n >= cols and block_m & (block_m - 1) == 0
+        assert block_m == 1 or block_m * (block_n + tail_n) <= F.ROWS_TILE[4]
+    monkeypatch.setattr(F, "ROWS_TAIL", False)
+    assert F.tail_split(4104) == (8192, 0)
 
 
 @cpu_only
@@ -336,17 +419,11 @@ def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
     check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float16])
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=cpu_only), pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [1, 37, 300, 1000, 4097])
-def test_tiles_of_unaligned_rows(n, dtype, device, poisoned):
-    """Rows that do not start on 16 bytes (N not a multiple of 16): the tile kernels move aligned
-    vectors from each row's start rounded down (``tile_masks``), reading a neighbour's elements in the
-    end vectors and dropping them. Outputs go into the middle of a larger buffer, whose other columns
-    must keep their value, and every row start (M = 9 rows, N odd) is at another offset in 16 bytes."""
-    if device == "cpu" and n > 300:
-        pytest.skip("interpreter: small rows only")
-    m, pad = 9, 16
+def check_unaligned_tiles(m, n, dtype, device):
+    """Every tile kernel on m rows of n elements (n not a multiple of 16) against float64: the rows
+    kernels (forward, backward), normalize and the backward's elementwise pass. Outputs go into the
+    middle of a larger buffer, whose other columns must keep their value."""
+    pad = 16
     x = make_x(m, n, dtype, device, scale=30.0)
 
     def framed():
@@ -357,7 +434,9 @@ def test_tiles_of_unaligned_rows(n, dtype, device, poisoned):
         return bool((big[:, :pad] == 7).all() and (big[:, pad + n:] == 7).all())
 
     big, y = framed()
-    assert F.row_align(x, y) == (1 if n % 16 == 0 else 16 // x.element_size())
+    align = F.row_align(x, y)
+    assert align == (1 if n % 16 == 0 else 16 // x.element_size())
+    assert F.row_edges(align, x, y) == (n % align != 0)  # (row strides n and n + 32)
     lse = torch.empty(m, device=device)
     F._rows(x, y, lse, lse, lse, store_y=True)  # the rows kernel, whatever ROWS_MAX_N says
     check_fwd(x, y.contiguous(), lse, TOL[dtype])
@@ -376,6 +455,39 @@ def test_tiles_of_unaligned_rows(n, dtype, device, poisoned):
             B._elementwise(yy, dy, dx, delta)
         check_bwd(yy, dy, dx.contiguous(), TOL[dtype])
         assert kept(big)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=cpu_only), pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 3, 24, 37, 300, 1000, 4097])
+def test_tiles_of_unaligned_rows(n, dtype, device, poisoned):
+    """Rows that do not start on 16 bytes (N not a multiple of 16): the tile kernels move aligned
+    vectors from each row's start rounded down (``tile_masks``), reading a neighbour's elements in the
+    end vectors and dropping them, and write the rows' end vectors an element at a time
+    (``edge_tile``); every row start (M = 9 rows, N odd) is at another offset in 16 bytes. N = 24 and
+    1000 (and 300 in float32) are whole vectors (``row_edges`` False: no end vectors apart). The rows
+    kernels hold several rows per program, with a tail tile at 3 (float32: 4 + 2 columns), 37, 300
+    and 4097 (``tail_split``)."""
+    if device == "cpu" and n > 300:
+        pytest.skip("interpreter: small rows only")
+    check_unaligned_tiles(9, n, dtype, device)
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype, n, chunk", [(torch.float32, 255, None), (torch.bfloat16, 253, 128),
+                                              (torch.bfloat16, 300, 32), (torch.bfloat16, 300, 128)])
+def test_edges_of_unaligned_rows_cpu(n, dtype, chunk, poisoned, monkeypatch):
+    """The rows' end vectors (``edge_tile``) at small tiles: streaming chunks of 64 columns (K = 5: a
+    row's tail vector in the last chunk or, for rows whose shifted end stops short of it (N = 253,
+    255), in the one before, ``chunk_edges``); the rows kernels with a tail tile (``tail_split``:
+    256 + 2, 4 or 64 columns), 2 (forward) and 8 (backward) rows per program; the backward rows
+    kernel in registers (None) or in pieces: of 32 (a tail of 64 columns taken by the pieces' loop)
+    or 128 (a tail piece after them)."""
+    monkeypatch.setattr(F, "STREAM_TILE", {4: 64, 2: 64})
+    monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
+    x = torch.empty(9, n, dtype=dtype)
+    assert F.stream_config(9, n, x.element_size(), F.row_align(x))[2] == 5
+    check_unaligned_tiles(9, n, dtype, "cpu")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,10 +48,13 @@ def host_us(fn, calls: int = 200) -> float:
 def rows_launch_args(x, y, lse):
     """The rows kernel's grid and every argument in signature order, as ``softmax_fwd`` launches it."""
     m, n = x.shape
-    block_m, block_n, _, warps = F.tile_config(m, n, x.element_size())
-    tile = F.rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0)), F.ROWS_LOAD_EVICT)
+    align = F.row_align(x, y)
+    edges = F.row_edges(align, x, y)
+    block_m, block_n, tail_n, warps = F.rows_config(m, n + (align - 1 if edges else 0), x.element_size())
+    tile = F.rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0)), F.ROWS_LOAD_EVICT, align, tail_n,
+                            edges)
     args = (x, y, lse, lse, lse, m, n, x.stride(0), y.stride(0), block_m, block_n, True, True,
-            tile["EVEN"], tile["OFFS64"], tile["LOAD_EVICT"])
+            tile["EVEN"], tile["OFFS64"], tile["LOAD_EVICT"], tile["ALIGN"], tile["EDGES"], tile["TAIL_N"])
     return (triton.cdiv(m, block_m), 1, 1), args, warps
 
 
@@ -68,7 +71,8 @@ def main():
     y, lse = F.softmax_fwd(x)
     grid, args, warps = rows_launch_args(x, y, lse)
     kernel = F._softmax_rows_kernel
-    jit_kwargs = dict(zip(("BLOCK_M", "BLOCK_N", "STORE_Y", "STORE_LSE", "EVEN", "OFFS64", "LOAD_EVICT"), args[9:]))
+    jit_kwargs = dict(zip(("BLOCK_M", "BLOCK_N", "STORE_Y", "STORE_LSE", "EVEN", "OFFS64", "LOAD_EVICT", "ALIGN",
+                           "EDGES", "TAIL_N"), args[9:]))
     compiled = kernel[grid](*args[:9], **jit_kwargs, num_warps=warps)
     stream = torch.cuda.current_stream().cuda_stream
     empty = _empty_kernel[(1,)](x)
@@ -100,7 +104,7 @@ def main():
         "torch.add (a torch op)": lambda: torch.add(lse, 1.0),
         "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
         "triton driver get_current_stream": lambda: triton.runtime.driver.active.get_current_stream(0),
-        "F.tile_config + rows_tile_args": lambda: rows_launch_args(x, y, lse),
+        "F.rows_config + rows_tile_args": lambda: rows_launch_args(x, y, lse),
         "fwd+bwd torch.softmax": fwd_bwd(lambda t: torch.softmax(t, -1)),
         "fwd+bwd rs.softmax": fwd_bwd(rs.softmax),
     }

@@ -25,6 +25,11 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def prev_power_of_2(n: int) -> int:
+    """The largest power of two <= n (1 for n <= 1)."""
+    return 1 << max(n.bit_length() - 1, 0)
+
+
 def check_scale(softmax_scale) -> float:
     """``softmax_scale`` as a float; raises ValueError unless positive, finite, and at most
     ``MAX_SCALE``, so that ``scale * LOG2E`` is a finite float32 (the kernels take each row's maximum

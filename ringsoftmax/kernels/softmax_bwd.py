@@ -28,7 +28,8 @@ import triton.language as tl
 
 from . import softmax_fwd as fwd
 from .hostmath import cdiv, next_power_of_2
-from .softmax_fwd import chunk_ptrs, load_tile, row_arrive, row_offsets, row_wait, store_tile, stream_tile, tile_masks
+from .softmax_fwd import (chunk_edges, chunk_has_edges, chunk_ptrs, edge_tile, load_inside, load_tile, row_arrive,
+                          row_offsets, row_wait, store_tile, stream_tile, tile_masks)
 
 #: Rows up to this length are handled whole by one program: 96% (fp32) and 100% (bf16) of copy at
 #: 32K with rows held in registers; at 64K they spilled (12-20%).
@@ -62,87 +63,145 @@ def _load0(P, row, start, N, stride, offs, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _store_dx(DX, row, start, N, stride, offs, y, dy, delta):
-    ptrs, ok = chunk_ptrs(DX, row, start, N, stride, offs)
-    tl.store(ptrs, (y * (dy - delta)).to(DX.dtype.element_ty), mask=ok)
+def _dx(y, dy, delta):
+    """dx = y (dy - delta) of float32 (rows x cols) blocks, ``delta`` (rows,): one formula for the
+    tiles and the rows' end vectors."""
+    return y * (dy - delta[:, None])
 
 
 @triton.jit
-def _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN: tl.constexpr, EVICT: tl.constexpr,
-                    ALIGN: tl.constexpr):
-    """y and dy on a (rows x cols) tile, as float32 (0 outside the rows, unless EVEN: no mask; masks
-    and ALIGN of ``softmax_fwd.tile_masks``)."""
-    return (load_tile(Y, row_offsets(rows_o, stride_ym, ALIGN), cols, load, inside, 0.0, EVEN, EVICT, ALIGN),
-            load_tile(DY, row_offsets(rows_o, stride_dym, ALIGN), cols, load, inside, 0.0, EVEN, EVICT, ALIGN))
+def _load_pair(Y, DY, rows_o, cols, mask, stride_ym, stride_dym, EVICT: tl.constexpr, ALIGN: tl.constexpr):
+    """y and dy on a (rows x cols) tile, as float32, 0 where not ``mask`` (a body or ``edge_tile``'s mask;
+    ALIGN: ``softmax_fwd.row_offsets``)."""
+    return (load_tile(Y, row_offsets(rows_o, stride_ym, ALIGN), cols, mask, 0.0, False, EVICT),
+            load_tile(DY, row_offsets(rows_o, stride_dym, ALIGN), cols, mask, 0.0, False, EVICT))
+
+
+@triton.jit
+def _pair_tile(Y, DY, rows_o, row_ok, cols, N, stride_ym, stride_dym, EVEN: tl.constexpr, EVICT: tl.constexpr,
+               ALIGN: tl.constexpr, EDGES: tl.constexpr):
+    """(y, dy, body) on the (rows x cols) tile ``cols`` ((1, n) int32): all of the rows' elements
+    there, as float32 (0 elsewhere; ``softmax_fwd.tile_masks``, ``load_inside``), and the body mask
+    for dx."""
+    load, inside, body = tile_masks(rows_o, row_ok, cols, N, stride_ym, ALIGN, EDGES)
+    y = load_inside(Y, row_offsets(rows_o, stride_ym, ALIGN), cols, load, inside, 0.0, EVEN, EVICT, EDGES)
+    dy = load_inside(DY, row_offsets(rows_o, stride_dym, ALIGN), cols, load, inside, 0.0, EVEN, EVICT, EDGES)
+    return y, dy, body
+
+
+@triton.jit
+def _store_dx(DX, rows_o, cols, mask, y, dy, delta, stride_dxm, EVEN: tl.constexpr, ALIGN: tl.constexpr):
+    """Store dx = y (dy - delta) on a (rows x cols) tile where ``mask`` (``store_tile``)."""
+    store_tile(DX, row_offsets(rows_o, stride_dxm, ALIGN), cols, mask, _dx(y, dy, delta), EVEN)
+
+
+@triton.jit
+def _dx_edges(Y, DY, DX, rows_o, cols, edge, stride_ym, stride_dym, stride_dxm, delta, ALIGN: tl.constexpr):
+    """dx on the rows' end vectors (``edge_tile``'s cols and mask), an element at a time, from y and dy
+    read there (again, in the rows kernel: cache hits)."""
+    y, dy = _load_pair(Y, DY, rows_o, cols, edge, stride_ym, stride_dym, "", ALIGN)
+    _store_dx(DX, rows_o, cols, edge, y, dy, delta, stride_dxm, False, ALIGN)
 
 
 @triton.jit
 def _bwd_rows_kernel(Y, DY, DX, DELTA, M, N, stride_ym, stride_dym, stride_dxm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DX: tl.constexpr,
                      EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, ALIGN: tl.constexpr,
-                     RELOAD: tl.constexpr, CHUNK: tl.constexpr):
+                     EDGES: tl.constexpr, RELOAD: tl.constexpr, CHUNK: tl.constexpr, TAIL_N: tl.constexpr):
     """BLOCK_M whole rows per program: delta = sum(y * dy), dx = y * (dy - delta). EVEN, OFFS64,
-    LOAD_EVICT, ALIGN: ``softmax_fwd.rows_tile_args``.
+    LOAD_EVICT, ALIGN, EDGES, TAIL_N: ``softmax_fwd.rows_tile_args``.
 
-    Without RELOAD the rows stay in registers between the sum and dx. With RELOAD the sum walks the
-    rows in CHUNK-column pieces and dx reads them again (from cache: the program just read them),
-    so registers hold one piece at a time (torch.compile's backward does this)."""
+    Without RELOAD the rows stay in registers between the sum and dx: columns [0, BLOCK_N) in the
+    main tile (a power of two) and [BLOCK_N, BLOCK_N + TAIL_N) in a tail tile (TAIL_N > 0,
+    ``softmax_fwd.rows_config``). With RELOAD the sum walks the rows' columns [0, BLOCK_N) in
+    CHUNK-column pieces (BLOCK_N: a multiple of CHUNK, ``_rows``), then a tail piece of TAIL_N < CHUNK
+    columns, and dx reads them again (from cache: the program just read them), so registers hold one
+    piece at a time (torch.compile's backward does this).
+
+    The tiles hold all of the rows' elements for the sum (``load_inside``) and write dx on their
+    aligned vectors; with EDGES the rows' end vectors then get dx an element at a time, from y and dy
+    read again there (``edge_tile``). (Summing the end vectors on the edge tile instead, as the
+    forward's rows kernel does, measured slower here: bf16 N = 4097, H200: 57 against 72% of copy;
+    that tile then takes the tiles' layout, 8 elements a thread, as many as the tiles have.)"""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows_o = rows.to(tl.int64) if OFFS64 else rows
     if not RELOAD:
-        cols = tl.arange(0, BLOCK_N)
-        load, inside, body = tile_masks(rows_o, row_ok, cols, N, stride_ym, ALIGN)
-        y, dy = _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN, LOAD_EVICT, ALIGN)
+        # the rows in registers (main tile, then tail tile): delta, then dx on their aligned vectors
+        cols = tl.arange(0, BLOCK_N)[None, :]
+        y, dy, body = _pair_tile(Y, DY, rows_o, row_ok, cols, N, stride_ym, stride_dym, EVEN, LOAD_EVICT, ALIGN,
+                                 EDGES)
         delta = tl.sum(y * dy, axis=1)
+        if TAIL_N > 0:
+            cols_t = BLOCK_N + tl.arange(0, TAIL_N)[None, :]
+            y_t, dy_t, body_t = _pair_tile(Y, DY, rows_o, row_ok, cols_t, N, stride_ym, stride_dym, EVEN, LOAD_EVICT,
+                                           ALIGN, EDGES)
+            delta += tl.sum(y_t * dy_t, axis=1)
         if STORE_DX:
-            store_tile(DX, row_offsets(rows_o, stride_dxm, ALIGN), cols, body, inside, y * (dy - delta[:, None]), EVEN,
-                       ALIGN)
-        else:
-            tl.store(DELTA + rows, delta, mask=row_ok)
+            _store_dx(DX, rows_o, cols, body, y, dy, delta, stride_dxm, EVEN, ALIGN)
+            if TAIL_N > 0:
+                _store_dx(DX, rows_o, cols_t, body_t, y_t, dy_t, delta, stride_dxm, EVEN, ALIGN)
     else:
-        # the sum, piece by piece (kept in L2 for the second read)
+        # the sum, piece by piece, then the tail piece (kept in L2 for the second read)
         acc = tl.zeros([BLOCK_M, CHUNK], tl.float32)
         for c0 in tl.range(0, BLOCK_N, CHUNK):
-            cols = c0 + tl.arange(0, CHUNK)
-            load, inside, _ = tile_masks(rows_o, row_ok, cols, N, stride_ym, ALIGN)
-            y, dy = _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN, "evict_last",
-                                    ALIGN)
+            cols = c0 + tl.arange(0, CHUNK)[None, :]
+            y, dy, _ = _pair_tile(Y, DY, rows_o, row_ok, cols, N, stride_ym, stride_dym, EVEN, "evict_last", ALIGN,
+                                  EDGES)
             acc += y * dy
         delta = tl.sum(acc, axis=1)
+        if TAIL_N > 0:
+            cols_t = BLOCK_N + tl.arange(0, TAIL_N)[None, :]
+            y_t, dy_t, _ = _pair_tile(Y, DY, rows_o, row_ok, cols_t, N, stride_ym, stride_dym, EVEN, "evict_last",
+                                      ALIGN, EDGES)
+            delta += tl.sum(y_t * dy_t, axis=1)
         if STORE_DX:
-            # dx, reading the pieces again
+            # dx on the aligned vectors, reading the pieces again
             for c0 in tl.range(0, BLOCK_N, CHUNK):
-                cols = c0 + tl.arange(0, CHUNK)
-                load, inside, body = tile_masks(rows_o, row_ok, cols, N, stride_ym, ALIGN)
-                y, dy = _load_pair_tile(Y, DY, rows_o, cols, load, inside, stride_ym, stride_dym, EVEN, "evict_first",
-                                        ALIGN)
-                store_tile(DX, row_offsets(rows_o, stride_dxm, ALIGN), cols, body, inside, y * (dy - delta[:, None]),
-                           EVEN, ALIGN)
-        else:
-            tl.store(DELTA + rows, delta, mask=row_ok)
+                cols = c0 + tl.arange(0, CHUNK)[None, :]
+                y, dy, body = _pair_tile(Y, DY, rows_o, row_ok, cols, N, stride_ym, stride_dym, EVEN, "evict_first",
+                                         ALIGN, EDGES)
+                _store_dx(DX, rows_o, cols, body, y, dy, delta, stride_dxm, EVEN, ALIGN)
+            if TAIL_N > 0:
+                y_t, dy_t, body_t = _pair_tile(Y, DY, rows_o, row_ok, cols_t, N, stride_ym, stride_dym, EVEN,
+                                               "evict_first", ALIGN, EDGES)
+                _store_dx(DX, rows_o, cols_t, body_t, y_t, dy_t, delta, stride_dxm, EVEN, ALIGN)
+    if STORE_DX:
+        # dx on the rows' end vectors
+        if EDGES:
+            cols_e, edge = edge_tile(rows_o, row_ok, N, stride_ym, ALIGN)
+            _dx_edges(Y, DY, DX, rows_o, cols_e, edge, stride_ym, stride_dym, stride_dxm, delta, ALIGN)
+    else:
+        tl.store(DELTA + rows, delta, mask=row_ok)
 
 
 @triton.jit
 def _bwd_elementwise_kernel(Y, DY, DX, DELTA, M, N, K, stride_ym, stride_dym, stride_dxm,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl.constexpr,
-                            ALIGN: tl.constexpr):
+                            ALIGN: tl.constexpr, EDGES: tl.constexpr):
     """dx = y * (dy - delta[row]) on a (BLOCK_M rows x BLOCK_N) tile; program = (row block, chunk),
-    ``REVERSED``: last tile first (see ``STREAM_SECOND_PASS_REVERSED``; ALIGN: ``softmax_fwd.tile_masks``)."""
+    ``REVERSED``: last tile first (see ``STREAM_SECOND_PASS_REVERSED``; ALIGN, EDGES:
+    ``softmax_fwd.tile_masks``, ``chunk_edges``)."""
     rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, REVERSED)
-    load, inside, body = tile_masks(rows64, row_ok, cols, N, stride_ym, ALIGN)
-    y, dy = _load_pair_tile(Y, DY, rows64, cols, load, inside, stride_ym, stride_dym, False, "", ALIGN)
     delta = tl.load(DELTA + rows64, mask=row_ok, other=0.0)
-    store_tile(DX, row_offsets(rows64, stride_dxm, ALIGN), cols, body, inside, y * (dy - delta[:, None]), False, ALIGN)
+    # the tile's aligned vectors wholly inside the rows (all of the rows without EDGES)
+    body = tile_masks(rows64, row_ok, cols, N, stride_ym, ALIGN, EDGES)[2]
+    y, dy = _load_pair(Y, DY, rows64, cols, body, stride_ym, stride_dym, "", ALIGN)
+    _store_dx(DX, rows64, cols, body, y, dy, delta, stride_dxm, False, ALIGN)
+    # the rows' end vectors in this chunk (if any), an element at a time
+    if EDGES:
+        if chunk_has_edges(k, N, BLOCK_N, ALIGN):
+            cols_e, edge = chunk_edges(rows64, row_ok, k, N, stride_ym, BLOCK_N, ALIGN)
+            _dx_edges(Y, DY, DX, rows64, cols_e, edge, stride_ym, stride_dym, stride_dxm, delta, ALIGN)
 
 
 @triton.jit
 def _partial_dot_kernel(Y, DY, PD, M, N, K, stride_ym, stride_dym,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
-    """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K) (ALIGN: ``softmax_fwd.tile_masks``)."""
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr):
+    """Two-pass, pass 1: sum(y * dy) over chunk k of BLOCK_M rows -> PD (M, K) (ALIGN, EDGES:
+    ``softmax_fwd.tile_masks``)."""
     rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, False)
-    load, inside, _ = tile_masks(rows64, row_ok, cols, N, stride_ym, ALIGN)
-    y, dy = _load_pair_tile(Y, DY, rows64, cols, load, inside, stride_ym, stride_dym, False, "", ALIGN)
+    y, dy, _ = _pair_tile(Y, DY, rows64, row_ok, cols, N, stride_ym, stride_dym, False, "", ALIGN, EDGES)
     tl.store(PD + rows64 * K + k, tl.sum(y * dy, axis=1), mask=row_ok)
 
 
@@ -236,16 +295,22 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
 
 def _rows(y, dy, dx, delta, store_dx: bool) -> None:
     (m, n), elem = y.shape, fwd.element_size(y, dy)
-    align = fwd.row_align(y, dy, dx) if store_dx else fwd.row_align(y, dy)
-    block_m, block_n, _, warps = fwd.tile_config(m, n + align - 1, elem, per_thread=BWD_ELEMS_PER_THREAD,
-                                              tile=BWD_ROWS_TILE, max_warps=BWD_ROWS_MAX_WARPS)
+    tensors = (y, dy, dx) if store_dx else (y, dy)
+    align = fwd.row_align(*tensors)
+    edges = fwd.row_edges(align, *tensors)
+    block_m, block_n, tail_n, warps = fwd.rows_config(m, n + (align - 1 if edges else 0), elem,
+                                                      per_thread=BWD_ELEMS_PER_THREAD, tile=BWD_ROWS_TILE,
+                                                      max_warps=BWD_ROWS_MAX_WARPS)
+    reload = BWD_ROWS_CHUNK[elem] is not None
+    chunk = min(block_n, BWD_ROWS_CHUNK[elem] or block_n)
+    if reload and tail_n >= chunk:  # (a tail of whole pieces: the pieces' loop takes it)
+        block_n, tail_n = block_n + tail_n, 0
     out = dx if store_dx else y
     strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
     _bwd_rows_kernel[(cdiv(m, block_m),)](
         y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
-        STORE_DX=store_dx, num_warps=warps, RELOAD=BWD_ROWS_CHUNK[elem] is not None,
-        CHUNK=min(block_n, BWD_ROWS_CHUNK[elem] or block_n),
-        **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align))
+        STORE_DX=store_dx, num_warps=warps, RELOAD=reload, CHUNK=chunk,
+        **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align, tail_n, edges))
 
 
 def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
@@ -256,7 +321,7 @@ def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
     _partial_dot_kernel[(cdiv(m, block_m) * k,)](
         y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, ALIGN=align,
-        num_warps=warps)
+        EDGES=fwd.row_edges(align, y, dy), num_warps=warps)
     delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
@@ -270,7 +335,8 @@ def _elementwise(y, dy, dx, delta) -> None:
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem, align)
     _bwd_elementwise_kernel[(cdiv(m, block_m) * k,)](
         y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, ALIGN=align, num_warps=warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, ALIGN=align,
+        EDGES=fwd.row_edges(align, y, dy, dx), num_warps=warps)
 
 
 def _persistent(y, dy, dx) -> None:

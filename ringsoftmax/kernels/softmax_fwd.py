@@ -4,6 +4,7 @@ Four regimes, picked per call from the row length N (knobs below, no autotuning)
 
 - **rows** (``N <= ROWS_MAX_N``): a program holds whole rows in registers, several rows per
   program when they are short (a tile of ``ROWS_TILE`` elements): one read of x, one write of y.
+  A row takes a power-of-two tile, or a main tile and a smaller tail tile (``tail_split``).
   The knobs are dicts by element size, filled from timings on an H200 (see the comments below).
 - **staged split** (longer rows, CUDA, ``softmax_staged.py``, tried first): each chunk is held in
   shared memory across the row's wait, so the input is read once. Rows longer than the GPU's
@@ -37,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .hostmath import cdiv, next_power_of_2
+from .hostmath import cdiv, next_power_of_2, prev_power_of_2
 
 # ---- Regime knobs (module level so tests can lower them and reach the split paths at small N) ----
 # Values from timings on an H200 (benchmarks/logs/2026-11-22-h200-softmax-call*.log, .notes/softmax.md).
@@ -55,6 +56,10 @@ ELEMS_PER_THREAD = {4: 8, 2: 32}
 ROWS_MAX_WARPS = 16
 #: Rows kernels (both directions) drop their masks where the tiles cover the rows exactly.
 ROWS_EXACT = True
+#: Rows kernels (both directions) hold a row in a power-of-two main tile and a tail tile of at most a
+#: quarter of it where that covers the row (``tail_split``: bf16 N = 4097, 4104 columns with the
+#: shift to 16 bytes, as 4096 + 8 instead of 8192); False: one tile.
+ROWS_TAIL = True
 #: Eviction policy of the forward rows kernel's loads ("" = the default).
 ROWS_LOAD_EVICT = ""
 #: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
@@ -179,7 +184,7 @@ def stream_tile(M, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl
     """This program's tile of the streaming kernels: BLOCK_M rows x chunk k (of K) of BLOCK_N columns;
     ``REVERSED``: program 0 takes the last tile (a second pass starting where the first ended).
 
-    Returns (rows as int64, cols, k, row mask); ``tile_masks`` gives the element masks.
+    Returns (rows as int64, cols (1, BLOCK_N), k, row mask); ``tile_masks`` gives the element masks.
     """
     pid = tl.program_id(0)
     if REVERSED:
@@ -188,7 +193,7 @@ def stream_tile(M, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSED: tl
     k = pid - rb * K
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = k * BLOCK_N + tl.arange(0, BLOCK_N)
-    return rows.to(tl.int64), cols, k, rows < M
+    return rows.to(tl.int64), cols[None, :], k, rows < M
 
 
 @triton.jit
@@ -203,61 +208,122 @@ def row_offsets(rows_o, stride, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def tile_masks(rows_o, row_ok, cols, N, stride, ALIGN: tl.constexpr):
-    """(load, inside, body) masks of a (rows x cols) tile of rows of N elements, row stride ``stride``.
+def row_span(rows_o, N, stride, ALIGN: tl.constexpr):
+    """(h, end), each (rows,) int32: the columns [h, end) of the shifted tiles (``row_offsets``) that
+    hold rows ``rows_o`` of N elements, h = the row's start modulo ALIGN (``tile_masks``, EDGES)."""
+    start = rows_o * stride
+    h = (start - (start // ALIGN) * ALIGN).to(tl.int32)  # (32-bit masks: int64 ones cost ~2x the instructions)
+    return h, h + N
+
+
+@triton.jit
+def span_masks(c, h, end, row_ok, ALIGN: tl.constexpr):
+    """(inside, body) masks of the columns ``c`` ((1 or rows, n) int32) of rows spanning columns
+    [h, end) (``row_span``): the row's elements, and the aligned vectors of ALIGN elements wholly
+    inside the row."""
+    inside = row_ok[:, None] & (c >= h[:, None]) & (c < end[:, None])
+    body = (row_ok[:, None] & (c >= ((h + ALIGN - 1) // ALIGN * ALIGN)[:, None])
+            & (c < (end // ALIGN * ALIGN)[:, None]))
+    return inside, body
+
+
+@triton.jit
+def tile_masks(rows_o, row_ok, cols, N, stride, ALIGN: tl.constexpr, EDGES: tl.constexpr):
+    """(load, inside, body) masks of a (rows x cols) tile of rows of N elements, row stride ``stride``
+    (``cols``: (1, n) int32, the tile's columns).
 
     ALIGN = 1: column c is the row's element c, and all three masks are the row's elements. ALIGN > 1
     (rows whose starts or lengths are not multiples of 16 bytes, ``row_align``): the tile starts at
     the row's start rounded down to ALIGN elements (``row_offsets``), h elements before it, so column
     c is element c - h and loads and stores move whole aligned vectors. ``load`` covers the vectors
     that hold an element of the row (the first and last may also hold a neighbour's, in the same 16
-    bytes: read, then dropped by ``inside``), ``inside`` the row's elements, ``body`` the vectors wholly
-    inside the row (``store_tile`` stores the other elements one at a time). Every tensor of a kernel
-    must have the same h (``row_align`` checks that their row strides agree modulo ALIGN)."""
-    if ALIGN > 1:
-        start = rows_o * stride
-        h = (start - (start // ALIGN) * ALIGN).to(tl.int32)  # (32-bit masks: int64 ones cost ~2x the instructions)
-        end = h + N
-        c = cols[None, :]
-        load = row_ok[:, None] & (c < ((end + ALIGN - 1) // ALIGN * ALIGN)[:, None])
-        inside = row_ok[:, None] & (c >= h[:, None]) & (c < end[:, None])
-        body = (row_ok[:, None] & (c >= ((h + ALIGN - 1) // ALIGN * ALIGN)[:, None])
-                & (c < (end // ALIGN * ALIGN)[:, None]))
+    bytes: read, then dropped by ``inside``, ``load_inside``), ``inside`` the row's elements, ``body``
+    the vectors wholly inside the row. Tiles store ``body``, and the rows' two end vectors go an
+    element at a time on a small tile of their own (``edge_tile``); the forward kernels that write
+    also load ``body`` alone (the end vectors' elements come in on the edge tile), the others all of
+    the row (``load_inside``). Every tensor of a kernel must have the same h (``row_align`` checks
+    that their row strides agree modulo ALIGN). EDGES False (``row_edges``): every row is whole
+    vectors (h = 0, N a multiple of ALIGN), all three masks are the row's vectors and there are no
+    end vectors to write apart."""
+    if EDGES:
+        h, end = row_span(rows_o, N, stride, ALIGN)
+        load = row_ok[:, None] & (cols < ((end + ALIGN - 1) // ALIGN * ALIGN)[:, None])
+        inside, body = span_masks(cols, h, end, row_ok, ALIGN)
     else:
-        load = row_ok[:, None] & (cols[None, :] < N)
+        load = row_ok[:, None] & (cols < (N // ALIGN * ALIGN if ALIGN > 1 else N))  # (N // ALIGN * ALIGN = N)
         inside = load
         body = load
     return load, inside, body
 
 
 @triton.jit
-def load_tile(P, offs, cols, load, inside, other, EVEN: tl.constexpr, EVICT: tl.constexpr, ALIGN: tl.constexpr):
-    """A (rows x cols) tile of P (its rows' tiles starting at ``offs``, ``row_offsets``), as float32:
-    ``other`` outside the rows (masks of ``tile_masks``), or no mask at all with EVEN (the rows
-    kernels' exact tiles, ``rows_tile_args``)."""
-    ptrs = P + offs[:, None] + cols[None, :]
+def edge_tile(rows_o, row_ok, N, stride, ALIGN: tl.constexpr):
+    """(cols, mask) of the rows' two end vectors (EDGES, ``tile_masks``), a (rows x 2 ALIGN) tile:
+    ``cols`` (rows, 2 ALIGN) int32, columns of the shifted tiles: [0, ALIGN) (the head vector) and
+    [t, t + ALIGN), t = end rounded down to ALIGN (the tail vector); ``mask`` their elements of the row
+    that ``body`` leaves out (inside and not body), each once: a row within the head vector (t = 0)
+    has none in the tail half (the kernels sum over this tile)."""
+    h, end = row_span(rows_o, N, stride, ALIGN)
+    j = tl.arange(0, 2 * ALIGN)[None, :]
+    head = j < ALIGN
+    cols = tl.where(head, j, (end // ALIGN * ALIGN)[:, None] + (j - ALIGN))
+    inside, body = span_masks(cols, h, end, row_ok, ALIGN)
+    return cols, (inside ^ body) & (head | (cols >= ALIGN))  # (body lies inside)
+
+
+@triton.jit
+def chunk_has_edges(k, N, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """Whether chunk k (columns [k BLOCK_N, (k + 1) BLOCK_N)) of a streaming kernel can hold an element
+    of a row's end vectors (``edge_tile``; rows of N elements): the head vector lies in chunk 0, and
+    the tail vector [t, t + ALIGN) in a chunk that reaches past column N (chunks and t are multiples
+    of ALIGN, and t + ALIGN > h + N >= N where the vector holds an element of the row). A scalar: the
+    other chunks skip the end vectors' work."""
+    return (k == 0) | ((k + 1) * BLOCK_N > N)
+
+
+@triton.jit
+def chunk_edges(rows64, row_ok, k, N, stride, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """``edge_tile`` of the streaming kernels: (cols, mask) with the mask restricted to chunk k's
+    columns, so that only the program holding an end vector reads and writes it."""
+    cols, edge = edge_tile(rows64, row_ok, N, stride, ALIGN)
+    return cols, edge & (cols >= k * BLOCK_N) & (cols < (k + 1) * BLOCK_N)
+
+
+@triton.jit
+def load_tile(P, offs, cols, mask, other, EVEN: tl.constexpr, EVICT: tl.constexpr):
+    """A (rows x cols) tile of P (its rows' tiles starting at ``offs``, ``row_offsets``; ``cols``:
+    (1 or rows, n) int32), as float32: ``other`` where not ``mask`` (``tile_masks``' body, or
+    ``edge_tile``'s mask), or no mask at all with EVEN (the rows kernels' exact tiles,
+    ``rows_tile_args``)."""
+    ptrs = P + offs[:, None] + cols
     if EVEN:
         t = tl.load(ptrs, eviction_policy=EVICT)
     else:
-        t = tl.load(ptrs, mask=load, other=other, eviction_policy=EVICT)
-    t = t.to(tl.float32)
-    if ALIGN > 1:  # (a neighbour's elements in the end vectors)
+        t = tl.load(ptrs, mask=mask, other=other, eviction_policy=EVICT)
+    return t.to(tl.float32)
+
+
+@triton.jit
+def load_inside(P, offs, cols, load, inside, other, EVEN: tl.constexpr, EVICT: tl.constexpr, EDGES: tl.constexpr):
+    """``load_tile`` of the whole vectors ``load`` (``tile_masks``), with ``other`` in place of a
+    neighbour's elements in the rows' end vectors (EDGES): all of the rows on one tile, for the
+    kernels that sum over the rows before they write (the backward's rows kernel) or do not write."""
+    t = load_tile(P, offs, cols, load, other, EVEN, EVICT)
+    if EDGES:
         t = tl.where(inside, t, other)
     return t
 
 
 @triton.jit
-def store_tile(P, offs, cols, body, inside, v, EVEN: tl.constexpr, ALIGN: tl.constexpr):
-    """Store a (rows x cols) tile ``v`` into P in P's dtype (as ``load_tile``; with ALIGN > 1 the
-    vectors wholly inside the rows as vectors, then the rows' other elements one at a time)."""
-    ptrs = P + offs[:, None] + cols[None, :]
+def store_tile(P, offs, cols, mask, v, EVEN: tl.constexpr):
+    """Store a (rows x cols) tile ``v`` into P in P's dtype where ``mask``, or everywhere with EVEN
+    (as ``load_tile``)."""
+    ptrs = P + offs[:, None] + cols
     v = v.to(P.dtype.element_ty)
     if EVEN:
         tl.store(ptrs, v)
     else:
-        tl.store(ptrs, v, mask=body)
-        if ALIGN > 1:
-            tl.store(ptrs, v, mask=inside ^ body)
+        tl.store(ptrs, v, mask=mask)
 
 
 @triton.jit
@@ -314,37 +380,80 @@ def _merge_partials(PM, PS, Q, PB: tl.constexpr):
 # Kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _row_exp(x, shift):
+    """exp(x - shift) of a float32 (rows x cols) block, ``shift`` (rows,): the rows kernel's
+    exponentials, one formula for its tiles and the rows' end vectors."""
+    return tl.exp(x - shift[:, None])
+
+
+@triton.jit
+def _x_tile(X, offs, rows_o, row_ok, cols, N, stride, EVEN: tl.constexpr, EVICT: tl.constexpr, ALIGN: tl.constexpr,
+            EDGES: tl.constexpr):
+    """(x, body): the aligned vectors wholly inside the rows (``tile_masks``' body: all of the rows
+    without EDGES) of a (rows x cols) tile of X, as float32 (-inf elsewhere), and that mask."""
+    body = tile_masks(rows_o, row_ok, cols, N, stride, ALIGN, EDGES)[2]
+    return load_tile(X, offs, cols, body, float("-inf"), EVEN, EVICT), body
+
+
+@triton.jit
 def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr, STORE_LSE: tl.constexpr,
-                         EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, ALIGN: tl.constexpr):
+                         EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, ALIGN: tl.constexpr,
+                         EDGES: tl.constexpr, TAIL_N: tl.constexpr):
     """BLOCK_M whole rows per program, held in registers: one read of x, one write of y.
 
     With STORE_Y, writes y and (with STORE_LSE) lse; without, only the row statistics (max -> MX, sum of
     exp(x - max) -> SX). ``rows_tile_args`` gives the specializations: EVEN (the tiles cover the
-    rows exactly: no masks), OFFS64 (64-bit offsets), LOAD_EVICT (x's eviction policy) and ALIGN
-    (``tile_masks``: rows not 16-byte aligned, loaded and stored as aligned vectors)."""
+    rows exactly: no masks), OFFS64 (64-bit offsets), LOAD_EVICT (x's eviction policy), ALIGN and
+    EDGES (``tile_masks``: rows not 16-byte aligned: the tiles move the aligned vectors wholly inside
+    the rows, and with EDGES the rows' two end vectors go an element at a time on a tile of their own,
+    ``edge_tile``, which takes part in the row's max and sum) and TAIL_N (``rows_config``: a row's
+    columns [0, BLOCK_N) in the main tile, [BLOCK_N, BLOCK_N + TAIL_N) in a tail tile; 0: no tail
+    tile). (Tiles that load all of the rows (``load_inside``), with the end vectors read again only
+    for y, measured slower: bf16 N = 4097, H200: 69 against 91% of copy; a mask per element.)"""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_N)[None, :]
     row_ok = rows < M
     rows_o = rows.to(tl.int64) if OFFS64 else rows
-    load, inside, body = tile_masks(rows_o, row_ok, cols, N, stride_xm, ALIGN)
-    # load the rows; padding is -inf, which adds nothing to a sum of exponentials
-    x = load_tile(X, row_offsets(rows_o, stride_xm, ALIGN), cols, load, inside, float("-inf"), EVEN, LOAD_EVICT,
-                  ALIGN)
-    # row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
+    offs_x = row_offsets(rows_o, stride_xm, ALIGN)
+    # load the rows: their end vectors (EDGES), the main tile, the tail tile; padding is -inf, which
+    # adds nothing to a sum of exponentials
+    if EDGES:
+        cols_e, edge = edge_tile(rows_o, row_ok, N, stride_xm, ALIGN)
+        x_e = load_tile(X, offs_x, cols_e, edge, float("-inf"), False, LOAD_EVICT)
+    x, body = _x_tile(X, offs_x, rows_o, row_ok, cols, N, stride_xm, EVEN, LOAD_EVICT, ALIGN, EDGES)
+    if TAIL_N > 0:
+        cols_t = BLOCK_N + tl.arange(0, TAIL_N)[None, :]
+        x_t, body_t = _x_tile(X, offs_x, rows_o, row_ok, cols_t, N, stride_xm, EVEN, LOAD_EVICT, ALIGN, EDGES)
+    # the row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
     m = tl.max(x, axis=1)
+    if TAIL_N > 0:
+        m = tl.maximum(m, tl.max(x_t, axis=1))
+    if EDGES:
+        m = tl.maximum(m, tl.max(x_e, axis=1))
     shift = tl.where(m == float("-inf"), 0.0, m)
-    e = tl.exp(x - shift[:, None])
+    e = _row_exp(x, shift)
     s = tl.sum(e, axis=1)
+    if TAIL_N > 0:
+        e_t = _row_exp(x_t, shift)
+        s += tl.sum(e_t, axis=1)
+    if EDGES:
+        e_e = _row_exp(x_e, shift)
+        s += tl.sum(e_e, axis=1)
     if not STORE_Y:
         tl.store(MX + rows, m, mask=row_ok)
         tl.store(SX + rows, s, mask=row_ok)
-    # normalize and write
+    # normalize and write (the tiles' aligned vectors, then the end vectors an element at a time)
     if STORE_Y:
         if STORE_LSE:
             tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
         inv = tl.where(s > 0, 1.0 / s, 0.0)
-        store_tile(Y, row_offsets(rows_o, stride_ym, ALIGN), cols, body, inside, e * inv[:, None], EVEN, ALIGN)
+        offs_y = row_offsets(rows_o, stride_ym, ALIGN)
+        store_tile(Y, offs_y, cols, body, e * inv[:, None], EVEN)
+        if TAIL_N > 0:
+            store_tile(Y, offs_y, cols_t, body_t, e_t * inv[:, None], EVEN)
+        if EDGES:
+            store_tile(Y, offs_y, cols_e, edge, e_e * inv[:, None], False)
 
 
 @triton.jit
@@ -412,13 +521,14 @@ def _softmax_persistent_kernel(X, Y, LSE, PM, PS, CNT, ERR, M, N, stride_xm, str
 
 @triton.jit
 def _chunk_stats_kernel(X, PM, PS, M, N, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        EVEN: tl.constexpr, FTZ: tl.constexpr, FMA: tl.constexpr, ALIGN: tl.constexpr):
+                        EVEN: tl.constexpr, FTZ: tl.constexpr, FMA: tl.constexpr, ALIGN: tl.constexpr,
+                        EDGES: tl.constexpr):
     """Two-pass, pass 1: (max, sum of exp(x - max)) of chunk k of BLOCK_M rows -> PM, PS (M, K)
-    (EVEN: the tiles cover the rows exactly, no masks; FTZ, FMA: see ``shifted_exp``; ALIGN: see
-    ``tile_masks``)."""
+    (EVEN: the tiles cover the rows exactly, no masks; FTZ, FMA: see ``shifted_exp``; ALIGN, EDGES:
+    see ``tile_masks``)."""
     rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, False)
-    load, inside, _ = tile_masks(rows64, row_ok, cols, N, stride_xm, ALIGN)
-    x = load_tile(X, row_offsets(rows64, stride_xm, ALIGN), cols, load, inside, float("-inf"), EVEN, "", ALIGN)
+    load, inside, _ = tile_masks(rows64, row_ok, cols, N, stride_xm, ALIGN, EDGES)
+    x = load_inside(X, row_offsets(rows64, stride_xm, ALIGN), cols, load, inside, float("-inf"), EVEN, "", EDGES)
     m = tl.max(x, axis=1)
     e, c = shifted_exp(x, tl.where(m == float("-inf"), 0.0, m), FTZ, FMA)
     s = tl.sum(e, axis=1) * c
@@ -452,19 +562,27 @@ def _combine_stats_kernel(PM, PS, LSE, SHIFT, SCALE, M, K,
 @triton.jit
 def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, REVERSED: tl.constexpr, EVEN: tl.constexpr, FTZ: tl.constexpr,
-                      FMA: tl.constexpr, ALIGN: tl.constexpr):
+                      FMA: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr):
     """y = exp(x - shift[row]) / sum[row]; a row with sum 0 (empty, shift -inf) gives y = 0.
-    (EVEN, FTZ, FMA: see ``_chunk_stats_kernel``; ALIGN: ``tile_masks``.)"""
+    (EVEN, FTZ, FMA: see ``_chunk_stats_kernel``; ALIGN, EDGES: ``tile_masks``, ``chunk_edges``.)"""
     rows64, cols, k, row_ok = stream_tile(M, K, BLOCK_M, BLOCK_N, REVERSED)
-    load, inside, body = tile_masks(rows64, row_ok, cols, N, stride_xm, ALIGN)
-    x = load_tile(X, row_offsets(rows64, stride_xm, ALIGN), cols, load, inside, float("-inf"), EVEN, "",
-                  ALIGN)
     shift = tl.load(SHIFT + rows64, mask=row_ok, other=0.0)
     # exp(x - inf) = 0 for every x <= +large: an empty row gives 0, not exp(-inf + inf) = NaN
-    e, c = shifted_exp(x, tl.where(shift == float("-inf"), float("inf"), shift), FTZ, FMA)
+    shift = tl.where(shift == float("-inf"), float("inf"), shift)
     s = tl.load(SUM + rows64, mask=row_ok, other=0.0)
-    store_tile(Y, row_offsets(rows64, stride_ym, ALIGN), cols, body, inside,
-               e * tl.where(s > 0, c / s, 0.0)[:, None], EVEN, ALIGN)
+    # the tile's aligned vectors wholly inside the rows (all of the rows without EDGES)
+    body = tile_masks(rows64, row_ok, cols, N, stride_xm, ALIGN, EDGES)[2]
+    offs_x = row_offsets(rows64, stride_xm, ALIGN)
+    offs_y = row_offsets(rows64, stride_ym, ALIGN)
+    e, c = shifted_exp(load_tile(X, offs_x, cols, body, float("-inf"), EVEN, ""), shift, FTZ, FMA)
+    scale = tl.where(s > 0, c / s, 0.0)
+    store_tile(Y, offs_y, cols, body, e * scale[:, None], EVEN)
+    # the rows' end vectors in this chunk (if any), an element at a time
+    if EDGES:
+        if chunk_has_edges(k, N, BLOCK_N, ALIGN):
+            cols_e, edge = chunk_edges(rows64, row_ok, k, N, stride_xm, BLOCK_N, ALIGN)
+            e_e = shifted_exp(load_tile(X, offs_x, cols_e, edge, float("-inf"), False, ""), shift, FTZ, FMA)[0]
+            store_tile(Y, offs_y, cols_e, edge, e_e * scale[:, None], False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -473,6 +591,18 @@ def _normalize_kernel(X, Y, SHIFT, SUM, M, N, K, stride_xm, stride_ym, BLOCK_M: 
 def num_warps_for(elems: int, per_thread: int, max_warps: int = 16) -> int:
     """Warps for a tile of ``elems`` elements, ``per_thread`` each: 1..max_warps warps."""
     return max(1, min(max_warps, elems // (32 * per_thread)))
+
+
+def _program_shape(m: int, width: int, elem: int, per_thread: dict | None, tile: dict | None,
+                   max_warps: int | None):
+    """(BLOCK_M, num_warps) of a program of rows whose tiles hold ``width`` columns (a power of two,
+    or a main tile's and a smaller tail tile's, ``tail_split``): as many rows as fit
+    ``(tile or ROWS_TILE)[elem]`` elements (a power of two, at least 1, at most m rounded up), and
+    warps for ``(per_thread or ELEMS_PER_THREAD)[elem]`` elements per thread of the main tiles (a
+    tail tile adds fewer than that), at most ``max_warps`` (default ``ROWS_MAX_WARPS``)."""
+    block_m = max(1, min(prev_power_of_2((tile or ROWS_TILE)[elem] // width), next_power_of_2(max(m, 1))))
+    return block_m, num_warps_for(block_m * prev_power_of_2(width), (per_thread or ELEMS_PER_THREAD)[elem],
+                                  max_warps or ROWS_MAX_WARPS)
 
 
 def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_thread: dict | None = None,
@@ -486,9 +616,36 @@ def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_t
     block_n = next_power_of_2(max(n, 1))
     if max_block_n is not None:
         block_n = min(block_n, max_block_n)
-    block_m = max(1, min((tile or ROWS_TILE)[elem] // block_n, next_power_of_2(max(m, 1))))
-    warps = num_warps_for(block_m * block_n, (per_thread or ELEMS_PER_THREAD)[elem], max_warps or ROWS_MAX_WARPS)
+    block_m, warps = _program_shape(m, block_n, elem, per_thread, tile, max_warps)
     return block_m, block_n, cdiv(max(n, 1), block_n), warps
+
+
+def tail_split(cols: int) -> tuple[int, int]:
+    """(BLOCK_N, TAIL_N) of the rows kernels for rows of ``cols`` columns: a main tile of the largest
+    power of two <= cols and a tail tile of the next power of two >= the rest, where the tail is at
+    most a quarter of the main tile (e.g. 4104 -> 4096 + 8, not 8192; ``ROWS_TAIL``); else one tile
+    (TAIL_N = 0). Session 35, H200, % of copy with the tail tile against one tile
+    (``logs/2026-11-23-h200-s35-rows-tail.log``): 1.05-1.92x at N = 300 (256 + 64), 4097 (4096 + 4 /
+    + 8) and 16385, both directions and dtypes; but with tails of half the main tile 0.83-1.16x
+    (fp32 backward 3072 / 6144 0.90 / 0.94x, bf16 backward 12288 0.91x, fp32 forward 24576 0.83x;
+    bf16 forward 12288 1.16x, bf16 backward 3072 / 6144 1.05 / 1.12x): those keep one tile."""
+    whole = next_power_of_2(max(cols, 1))
+    main = prev_power_of_2(cols)
+    tail = next_power_of_2(cols - main)
+    if ROWS_TAIL and cols > main and 4 * tail <= main:
+        return main, tail
+    return whole, 0
+
+
+def rows_config(m: int, cols: int, elem: int, per_thread: dict | None = None, tile: dict | None = None,
+                max_warps: int | None = None):
+    """(BLOCK_M, BLOCK_N, TAIL_N, num_warps) of a rows kernel (both directions) on m rows of ``cols``
+    columns (N, plus ALIGN - 1 for shifted tiles): the tiles of ``tail_split``, and rows per program
+    and warps as ``tile_config`` gives them (its arguments), the tail tile's columns counted in the
+    rows per program."""
+    block_n, tail_n = tail_split(cols)
+    block_m, warps = _program_shape(m, block_n + tail_n, elem, per_thread, tile, max_warps)
+    return block_m, block_n, tail_n, warps
 
 
 def stream_config(m: int, n: int, elem: int, align: int = 1):
@@ -498,13 +655,14 @@ def stream_config(m: int, n: int, elem: int, align: int = 1):
                        tile=STREAM_TILE)
 
 
-def stream_args(x: torch.Tensor, block_m: int, block_n: int, align: int) -> dict:
-    """Specializations of the forward streaming kernels on (m, n) rows x in (block_m, block_n) tiles:
-    EVEN (no masks) where the tiles cover the rows exactly, the exponentials (see ``shifted_exp``)
-    and ALIGN (``row_align``)."""
+def stream_args(x: torch.Tensor, block_m: int, block_n: int, align: int, *outputs: torch.Tensor) -> dict:
+    """Specializations of the forward streaming kernels on (m, n) rows x (and ``outputs``) in
+    (block_m, block_n) tiles: EVEN (no masks) where the tiles cover the rows exactly, the
+    exponentials (see ``shifted_exp``), ALIGN (``row_align``) and EDGES (``row_edges``)."""
     m, n = x.shape
     return dict(EVEN=bool(STREAM_EXACT and align == 1 and n % block_n == 0 and m % block_m == 0),
-                FTZ=STREAM_EXP_FTZ and not is_interpreter(x), FMA=STREAM_FMA_EXP, ALIGN=align)
+                FTZ=STREAM_EXP_FTZ and not is_interpreter(x), FMA=STREAM_FMA_EXP, ALIGN=align,
+                EDGES=row_edges(align, x, *outputs))
 
 
 def row_align(*tensors: torch.Tensor) -> int:
@@ -522,6 +680,16 @@ def row_align(*tensors: torch.Tensor) -> int:
     if any(t.data_ptr() % 16 for t in tensors) or len({s % align for s in strides}) > 1:
         return 1
     return align
+
+
+def row_edges(align: int, *tensors: torch.Tensor) -> bool:
+    """EDGES of the tile kernels (``tile_masks``) on (M, N) rows ``tensors`` with ALIGN = ``align``:
+    whether a row may start or end inside a 16-byte vector (N or a row stride not a multiple of
+    align), so that the kernels write its end vectors an element at a time (``edge_tile``). False
+    where every row is whole vectors (e.g. bf16 rows of N = 1000): the tiles' masks are then the same
+    for each element of a vector."""
+    m, n = tensors[0].shape
+    return align > 1 and (n % align != 0 or any(t.stride(0) % align for t in tensors if m > 1))
 
 
 def rows_fit(limit: int, *tensors: torch.Tensor) -> bool:
@@ -674,27 +842,31 @@ def _row_vector(v: torch.Tensor, m: int, x: torch.Tensor, name: str, fn: str) ->
 
 
 def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load_evict: str = "",
-                   align: int = 1) -> dict:
-    """Specializations of a rows kernel on (m, n) rows in (block_m, block_n) tiles (the tensors'
-    row strides given): EVEN when the tiles cover the rows exactly (no masks; ``ROWS_EXACT``),
-    OFFS64 unless every offset, padding rows included, fits in 32 bits, x's (y's) eviction policy
-    for the loads, and ALIGN (``row_align``: block_n then covers n + align - 1)."""
-    last = (cdiv(m, block_m) * block_m - 1) * max([abs(int(s)) for s in row_strides] + [n]) + block_n - 1
-    return dict(EVEN=bool(ROWS_EXACT and align == 1 and n == block_n and m % block_m == 0),
-                OFFS64=last > 2**31 - 1, LOAD_EVICT=load_evict, ALIGN=align)
+                   align: int = 1, tail_n: int = 0, edges: bool = False) -> dict:
+    """Specializations of a rows kernel on (m, n) rows in tiles of block_m rows x (block_n + tail_n)
+    columns (the tensors' row strides given): EVEN when the tiles cover the rows exactly (no masks;
+    ``ROWS_EXACT``), OFFS64 unless every offset, padding rows included, fits in 32 bits, x's (y's)
+    eviction policy for the loads, ALIGN and EDGES (``row_align``, ``row_edges``: with EDGES the
+    tiles cover n + align - 1 columns) and TAIL_N (``rows_config``)."""
+    width = block_n + tail_n
+    last = (cdiv(m, block_m) * block_m - 1) * max([abs(int(s)) for s in row_strides] + [n]) + width - 1
+    return dict(EVEN=bool(ROWS_EXACT and align == 1 and n == width and m % block_m == 0),
+                OFFS64=last > 2**31 - 1, LOAD_EVICT=load_evict, ALIGN=align, EDGES=edges, TAIL_N=tail_n)
 
 
 def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
     """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx."""
     m, n = x.shape
-    align = row_align(x, y) if store_y else row_align(x)
-    block_m, block_n, _, warps = tile_config(m, n + align - 1, x.element_size())
+    tensors = (x, y) if store_y else (x,)
+    align = row_align(*tensors)
+    edges = row_edges(align, *tensors)
+    block_m, block_n, tail_n, warps = rows_config(m, n + (align - 1 if edges else 0), x.element_size())
     _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
         STORE_LSE=lse is not None, num_warps=warps,
         **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT,
-                         align))
+                         align, tail_n, edges))
 
 
 def _two_pass_stats(x, out=None):
@@ -723,7 +895,7 @@ def _normalize_into(x, y, shift, total) -> None:
     _normalize_kernel[(cdiv(m, block_m) * k,)](
         x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps,
-        **stream_args(x, block_m, block_n, align))
+        **stream_args(x, block_m, block_n, align, y))
 
 
 def _persistent(x, y, lse) -> None:
