@@ -208,8 +208,9 @@ def _count_writes_kernel(COUNT, N, K, ROWS: tl.constexpr, WIDTH: tl.constexpr, B
 
 def test_tail_split_and_rows_config(monkeypatch):
     """The rows kernels' tiles: a power-of-two main tile and a tail tile of at most a quarter of it
-    where the two cover the row, rows per program counting both (a power of two) and warps
-    from the main tile; ``ROWS_TAIL = False``: one tile."""
+    (half of it in the 16-bit rows ``ROWS_WIDE_TAIL`` names) where the two cover the row, rows per
+    program counting both (a power of two) and warps from the main tile; ``ROWS_TAIL = False``: one
+    tile."""
     assert F.tail_split(4104) == (4096, 8)            # bf16 N = 4097, shifted to 16 bytes
     assert F.tail_split(300) == (256, 64)
     for cols, want in [(1007, (1024, 0)), (6144, (8192, 0)), (6145, (8192, 0)), (4096, (4096, 0)), (1, (1, 0)),
@@ -219,6 +220,11 @@ def test_tail_split_and_rows_config(monkeypatch):
     assert F.rows_config(64, 4104, 2, per_thread=B.BWD_ELEMS_PER_THREAD, tile=B.BWD_ROWS_TILE,
                          max_warps=B.BWD_ROWS_MAX_WARPS) == (1, 4096, 8, 16)
     assert F.rows_config(64, 40, 4) == (16, 32, 8, 2)  # 1024 // 40 = 25 rows -> 16
+    # tails of half the main tile: the 16-bit forward to 32768 columns, the 16-bit backward to 8192
+    assert F.tail_split(12288, 32768) == (8192, 4096) and F.tail_split(12288, 8192) == (16384, 0)
+    assert F.rows_config(8, 12288, 2)[1:3] == (8192, 4096) and F.rows_config(8, 12288, 4)[1:3] == (16384, 0)
+    assert F.rows_config(8, 6144, 2, wide_tail=B.BWD_ROWS_WIDE_TAIL)[1:3] == (4096, 2048)
+    assert F.rows_config(8, 12288, 2, wide_tail=B.BWD_ROWS_WIDE_TAIL)[1:3] == (16384, 0)
     assert F.rows_config(3, 40, 4) == (4, 32, 8, 1)
     for cols in range(1, 3000, 7):
         block_m, block_n, tail_n, _ = F.rows_config(1000, cols, 4)

@@ -48,6 +48,9 @@ BWD_ROWS_LOAD_EVICT = ""
 #: tiles, 8 per thread, up to 32 warps (session 10 sweep, H200): 101-103% of copy at 1K-16K, 98-100%
 #: at 32K, against 97-101% and 93-97% for whole rows in 4096-element tiles of 16 per thread.
 BWD_ROWS_CHUNK = {4: 16384, 2: 16384}
+#: ``softmax_fwd.ROWS_WIDE_TAIL`` of the backward rows kernel: 16-bit rows up to 8192 columns (bf16
+#: 3072 / 6144: 1.05 / 1.12x against one tile, but 12288 0.91x; float32 0.90-1.00x; H200, session 35).
+BWD_ROWS_WIDE_TAIL = {4: 0, 2: 8192}
 #: Split rows of at most this many bytes (y and dy) take the persistent kernel, longer ones the
 #: two-pass path (measured faster there), by the larger element size. None: no limit.
 BWD_PERSISTENT_MAX_ROW_BYTES = {4: 8 << 20, 2: 8 << 20}
@@ -300,7 +303,7 @@ def _rows(y, dy, dx, delta, store_dx: bool) -> None:
     edges = fwd.row_edges(align, *tensors)
     block_m, block_n, tail_n, warps = fwd.rows_config(m, n + (align - 1 if edges else 0), elem,
                                                       per_thread=BWD_ELEMS_PER_THREAD, tile=BWD_ROWS_TILE,
-                                                      max_warps=BWD_ROWS_MAX_WARPS)
+                                                      max_warps=BWD_ROWS_MAX_WARPS, wide_tail=BWD_ROWS_WIDE_TAIL)
     reload = BWD_ROWS_CHUNK[elem] is not None
     chunk = min(block_n, BWD_ROWS_CHUNK[elem] or block_n)
     if reload and tail_n >= chunk:  # (a tail of whole pieces: the pieces' loop takes it)

@@ -60,6 +60,9 @@ ROWS_EXACT = True
 #: quarter of it where that covers the row (``tail_split``: bf16 N = 4097, 4104 columns with the
 #: shift to 16 bytes, as 4096 + 8 instead of 8192); False: one tile.
 ROWS_TAIL = True
+#: Rows of at most this many columns, by element size, take a tail tile of half the main tile too
+#: (``tail_split``): the forward's 16-bit rows (bf16 12288: 96 against 83% of copy, H200).
+ROWS_WIDE_TAIL = {4: 0, 2: 32768}
 #: Eviction policy of the forward rows kernel's loads ("" = the default).
 ROWS_LOAD_EVICT = ""
 #: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
@@ -620,30 +623,32 @@ def tile_config(m: int, n: int, elem: int, max_block_n: int | None = None, per_t
     return block_m, block_n, cdiv(max(n, 1), block_n), warps
 
 
-def tail_split(cols: int) -> tuple[int, int]:
+def tail_split(cols: int, wide_up_to: int = 0) -> tuple[int, int]:
     """(BLOCK_N, TAIL_N) of the rows kernels for rows of ``cols`` columns: a main tile of the largest
     power of two <= cols and a tail tile of the next power of two >= the rest, where the tail is at
-    most a quarter of the main tile (e.g. 4104 -> 4096 + 8, not 8192; ``ROWS_TAIL``); else one tile
-    (TAIL_N = 0). Session 35, H200, % of copy with the tail tile against one tile
+    most a quarter of the main tile (e.g. 4104 -> 4096 + 8, not 8192), or half of it in rows of at
+    most ``wide_up_to`` columns (``ROWS_WIDE_TAIL``); else one tile (TAIL_N = 0; always without
+    ``ROWS_TAIL``). Session 35, H200, % of copy with the tail tile against one tile
     (``logs/2026-11-23-h200-s35-rows-tail.log``): 1.05-1.92x at N = 300 (256 + 64), 4097 (4096 + 4 /
-    + 8) and 16385, both directions and dtypes; but with tails of half the main tile 0.83-1.16x
-    (fp32 backward 3072 / 6144 0.90 / 0.94x, bf16 backward 12288 0.91x, fp32 forward 24576 0.83x;
-    bf16 forward 12288 1.16x, bf16 backward 3072 / 6144 1.05 / 1.12x): those keep one tile."""
+    + 8) and 16385, both directions and dtypes; tails of half the main tile: float32 forward 1.02 /
+    0.99 / 0.99 / 0.83x at 3072 / 6144 / 12288 / 24576, backward 0.90 / 0.94 / 1.00 / 0.98x; bf16
+    forward 1.00 / 1.01 / 1.16 / 1.00x, backward 1.05 / 1.12 / 0.91 / 1.01x."""
     whole = next_power_of_2(max(cols, 1))
     main = prev_power_of_2(cols)
     tail = next_power_of_2(cols - main)
-    if ROWS_TAIL and cols > main and 4 * tail <= main:
+    if ROWS_TAIL and cols > main and main + tail < whole and (4 * tail <= main or cols <= wide_up_to):
         return main, tail
     return whole, 0
 
 
 def rows_config(m: int, cols: int, elem: int, per_thread: dict | None = None, tile: dict | None = None,
-                max_warps: int | None = None):
+                max_warps: int | None = None, wide_tail: dict | None = None):
     """(BLOCK_M, BLOCK_N, TAIL_N, num_warps) of a rows kernel (both directions) on m rows of ``cols``
-    columns (N, plus ALIGN - 1 for shifted tiles): the tiles of ``tail_split``, and rows per program
-    and warps as ``tile_config`` gives them (its arguments), the tail tile's columns counted in the
-    rows per program."""
-    block_n, tail_n = tail_split(cols)
+    columns (N, plus ALIGN - 1 for shifted tiles): the tiles of ``tail_split`` (tails of half the main
+    tile up to ``(wide_tail or ROWS_WIDE_TAIL)[elem]`` columns), and rows per program and warps as
+    ``tile_config`` gives them (its arguments), the tail tile's columns counted in the rows per
+    program."""
+    block_n, tail_n = tail_split(cols, (ROWS_WIDE_TAIL if wide_tail is None else wide_tail)[elem])
     block_m, warps = _program_shape(m, block_n + tail_n, elem, per_thread, tile, max_warps)
     return block_m, block_n, tail_n, warps
 
