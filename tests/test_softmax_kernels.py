@@ -159,12 +159,16 @@ def test_rows_tile_args():
 
 def test_row_edges():
     """End vectors apart (EDGES) wherever a row may start or end inside 16 bytes: N or a row stride (of
-    any tensor, rows past the first) not a multiple of ALIGN."""
+    any tensor, rows past the first) not a multiple of ALIGN; only those rows' tiles take ALIGN - 1
+    columns more."""
     x = torch.empty(4, 1000, dtype=torch.bfloat16)
     assert F.row_align(x) == 8 and not F.row_edges(8, x)
     assert F.row_edges(8, x[:, :999]) and F.row_edges(8, x[:, 4:], x[:, :996])
     assert not F.row_edges(8, x[:, 8:], x[:, :992])
     assert not F.row_edges(1, x[:, :999]) and not F.row_edges(8, x[:1, 3:995])  # (one row: no stride)
+    # the columns a row's tiles cover (row_layout), and so what fits a rows kernel (rows_fit)
+    assert F.row_layout(x) == (8, False, 1000) and F.row_layout(x[:, :999]) == (8, True, 1006)
+    assert F.rows_fit(1000, x) and not F.rows_fit(1005, x[:, :999]) and F.rows_fit(1006, x[:, :999])
 
 
 @cpu_only

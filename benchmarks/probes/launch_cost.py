@@ -48,9 +48,8 @@ def host_us(fn, calls: int = 200) -> float:
 def rows_launch_args(x, y, lse):
     """The rows kernel's grid and every argument in signature order, as ``softmax_fwd`` launches it."""
     m, n = x.shape
-    align = F.row_align(x, y)
-    edges = F.row_edges(align, x, y)
-    block_m, block_n, tail_n, warps = F.rows_config(m, n + (align - 1 if edges else 0), x.element_size())
+    align, edges, cols = F.row_layout(x, y)
+    block_m, block_n, tail_n, warps = F.rows_config(m, cols, x.element_size())
     tile = F.rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0)), F.ROWS_LOAD_EVICT, align, tail_n,
                             edges)
     args = (x, y, lse, lse, lse, m, n, x.stride(0), y.stride(0), block_m, block_n, True, True,

@@ -298,12 +298,10 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
 
 def _rows(y, dy, dx, delta, store_dx: bool) -> None:
     (m, n), elem = y.shape, fwd.element_size(y, dy)
-    tensors = (y, dy, dx) if store_dx else (y, dy)
-    align = fwd.row_align(*tensors)
-    edges = fwd.row_edges(align, *tensors)
-    block_m, block_n, tail_n, warps = fwd.rows_config(m, n + (align - 1 if edges else 0), elem,
-                                                      per_thread=BWD_ELEMS_PER_THREAD, tile=BWD_ROWS_TILE,
-                                                      max_warps=BWD_ROWS_MAX_WARPS, wide_tail=BWD_ROWS_WIDE_TAIL)
+    align, edges, cols = fwd.row_layout(*((y, dy, dx) if store_dx else (y, dy)))
+    block_m, block_n, tail_n, warps = fwd.rows_config(m, cols, elem, per_thread=BWD_ELEMS_PER_THREAD,
+                                                      tile=BWD_ROWS_TILE, max_warps=BWD_ROWS_MAX_WARPS,
+                                                      wide_tail=BWD_ROWS_WIDE_TAIL)
     reload = BWD_ROWS_CHUNK[elem] is not None
     chunk = min(block_n, BWD_ROWS_CHUNK[elem] or block_n)
     if reload and tail_n >= chunk:  # (a tail of whole pieces: the pieces' loop takes it)

@@ -697,10 +697,19 @@ def row_edges(align: int, *tensors: torch.Tensor) -> bool:
     return align > 1 and (n % align != 0 or any(t.stride(0) % align for t in tensors if m > 1))
 
 
+def row_layout(*tensors: torch.Tensor) -> tuple[int, bool, int]:
+    """(ALIGN, EDGES, columns) of the tile kernels on (M, N) rows ``tensors`` (inputs and outputs):
+    ``row_align``, ``row_edges``, and the columns a row's tiles cover: N, plus the up to ALIGN - 1
+    columns before it where rows start inside a 16-byte vector."""
+    align = row_align(*tensors)
+    edges = row_edges(align, *tensors)
+    return align, edges, tensors[0].shape[1] + (align - 1 if edges else 0)
+
+
 def rows_fit(limit: int, *tensors: torch.Tensor) -> bool:
     """Whether (M, N) rows ``tensors`` (inputs and outputs) fit a rows kernel of at most ``limit``
-    columns: N, plus the up to ALIGN - 1 columns a tile shifted to 16 bytes takes (``row_align``)."""
-    return tensors[0].shape[1] + row_align(*tensors) - 1 <= limit
+    columns (``row_layout``: the columns its tiles cover)."""
+    return row_layout(*tensors)[2] <= limit
 
 
 def split_chunk(elem: int, table=None):
@@ -862,10 +871,8 @@ def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load
 def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
     """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx."""
     m, n = x.shape
-    tensors = (x, y) if store_y else (x,)
-    align = row_align(*tensors)
-    edges = row_edges(align, *tensors)
-    block_m, block_n, tail_n, warps = rows_config(m, n + (align - 1 if edges else 0), x.element_size())
+    align, edges, cols = row_layout(*((x, y) if store_y else (x,)))
+    block_m, block_n, tail_n, warps = rows_config(m, cols, x.element_size())
     _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
