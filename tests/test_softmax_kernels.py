@@ -171,6 +171,45 @@ def test_row_edges():
     assert F.rows_fit(1000, x) and not F.rows_fit(1005, x[:, :999]) and F.rows_fit(1006, x[:, :999])
 
 
+def test_whole_vector_align(monkeypatch):
+    """Rows kernels take the widest narrower vector of which every row is whole where 16 bytes would
+    leave end vectors apart: at least 4 bytes forward, 8 backward (``WHOLE_VECTOR_MIN_BYTES``); none for
+    odd N, and none where a row stride breaks it or the data pointer is off 16 bytes (``row_align``)."""
+    bf = torch.empty(4, 304, dtype=torch.bfloat16)
+    assert F.row_layout(bf[:, :300]) == (4, False, 300)                        # 8-byte vectors, both ways
+    assert F.row_layout(bf[:, :300], bf[:, :300], direction="bwd") == (4, False, 300)
+    assert F.row_layout(bf[:, :302]) == (2, False, 302)                        # 4 bytes: forward only
+    assert F.row_layout(bf[:, :302], direction="bwd") == (8, True, 309)
+    assert F.row_layout(bf[:, :301]) == (8, True, 308)                         # odd: no whole vectors
+    assert F.row_layout(bf[:, 2:302]) == (1, False, 300)                       # data pointer off 16 bytes
+    assert F.row_layout(torch.empty(4, 302)[:, :298]) == (2, False, 298)       # float32: 8-byte vectors
+    odd_stride = torch.empty(4, 306, dtype=torch.bfloat16)[:, :300]                 # rows start 4 bytes apart
+    assert F.row_layout(odd_stride) == (2, False, 300)
+    assert F.row_layout(odd_stride, odd_stride, direction="bwd") == (8, True, 307)
+    assert F.whole_vector_align(8, None, bf[:, :300]) == 8 and F.whole_vector_align(1, 4, bf[:, :256]) == 1
+    monkeypatch.setitem(F.WHOLE_VECTOR_MIN_BYTES, "fwd", None)
+    assert F.row_layout(bf[:, :300]) == (8, True, 307)
+    assert F.rows_fit(300, bf[:, :300], direction="bwd") and not F.rows_fit(300, bf[:, :300])
+
+
+def test_rows_register_cap_and_backward_tiles(monkeypatch):
+    """The forward rows kernel's register cap: programs of 16 warps or more whose threads hold 16 to 32
+    elements of the main tile (``ROWS_REGISTER_CAP``). The backward rows kernel: rows with end vectors
+    or a tail tile take smaller programs (``BWD_MASKED_ROWS_TILE``), and about half the warps on main
+    tiles of at most 16384 columns (end vectors) or 1024 (a tail tile alone; ``BWD_MASKED_WARPS``)."""
+    assert F.rows_register_cap(1, 16384, 16) == {"maxnreg": 64} == F.rows_register_cap(1, 8192, 16)
+    assert F.rows_register_cap(1, 32768, 16) == {} == F.rows_register_cap(1, 4096, 16)
+    assert F.rows_register_cap(2, 4096, 8) == {} == F.rows_register_cap(1, 16384, 16, cap=())
+    bwd = lambda n, e, elem=2: B.rows_config(1 << 16, n, elem, e)  # noqa: E731
+    assert bwd(4104, True) == (1, 4096, 8, 8) and bwd(4104, False) == (1, 4096, 8, 16)
+    assert bwd(16392, True) == (1, 16384, 8, 16) and bwd(30008, True) == (1, 32768, 0, 32)
+    assert bwd(1008, True) == (1, 1024, 0, 2) and bwd(1024, False) == (4, 1024, 0, 16)
+    assert bwd(300, False) == (2, 256, 64, 1) and bwd(300, False, 4) == (8, 256, 64, 4)
+    assert bwd(6144, False) == (1, 4096, 2048, 16)
+    monkeypatch.setattr(B, "BWD_MASKED_WARPS", None)
+    assert bwd(4104, True) == (1, 4096, 8, 16) and bwd(1008, True) == (1, 1024, 0, 4)
+
+
 @cpu_only
 @pytest.mark.parametrize("align", [4, 8])
 def test_edge_tile_masks_cpu(align):
@@ -469,16 +508,18 @@ def check_unaligned_tiles(m, n, dtype, device):
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=cpu_only), pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [1, 3, 24, 37, 300, 1000, 4097])
+@pytest.mark.parametrize("n", [1, 3, 22, 24, 37, 300, 302, 1000, 4097])
 def test_tiles_of_unaligned_rows(n, dtype, device, poisoned):
     """Rows that do not start on 16 bytes (N not a multiple of 16): the tile kernels move aligned
     vectors from each row's start rounded down (``tile_masks``), reading a neighbour's elements in the
     end vectors and dropping them, and write the rows' end vectors an element at a time
     (``edge_tile``); every row start (M = 9 rows, N odd) is at another offset in 16 bytes. N = 24 and
-    1000 (and 300 in float32) are whole vectors (``row_edges`` False: no end vectors apart). The rows
-    kernels hold several rows per program, with a tail tile at 3 (float32: 4 + 2 columns), 37, 300
-    and 4097 (``tail_split``)."""
-    if device == "cpu" and n > 300:
+    1000 (and 300 in float32) are whole vectors (``row_edges`` False: no end vectors apart); the rows
+    kernels take narrower whole vectors at bf16 22 and 302 forward (4 bytes) and 300 (8 bytes), float32 22
+    and 302 (8 bytes) (``whole_vector_align``). They hold several rows per program, with a tail tile at
+    3 (float32: 4 + 2 columns), 22 (16 + 8 columns with the shift), 37, 300, 302 and 4097
+    (``tail_split``)."""
+    if device == "cpu" and n > 302:
         pytest.skip("interpreter: small rows only")
     check_unaligned_tiles(9, n, dtype, device)
 
@@ -490,9 +531,9 @@ def test_edges_of_unaligned_rows_cpu(n, dtype, chunk, poisoned, monkeypatch):
     """The rows' end vectors (``edge_tile``) at small tiles: streaming chunks of 64 columns (K = 5: a
     row's tail vector in the last chunk or, for rows whose shifted end stops short of it (N = 253,
     255), in the one before, ``chunk_edges``); the rows kernels with a tail tile (``tail_split``:
-    256 + 2, 4 or 64 columns), 2 (forward) and 8 (backward) rows per program; the backward rows
-    kernel in registers (None) or in pieces: of 32 (a tail of 64 columns taken by the pieces' loop)
-    or 128 (a tail piece after them)."""
+    256 + 2, 4 or 64 columns; N = 300 in whole 8-byte vectors, ``whole_vector_align``), several rows
+    per program; the backward rows kernel in registers (None) or in pieces: of 32 (a tail of 64
+    columns taken by the pieces' loop) or 128 (a tail piece after them)."""
     monkeypatch.setattr(F, "STREAM_TILE", {4: 64, 2: 64})
     monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
     x = torch.empty(9, n, dtype=dtype)

@@ -2,16 +2,20 @@
 
 Run on a GPU:
     python3 benchmarks/probes/knobs.py --sizes 300,4097 --dtypes bf16 --dirs fwd,bwd --rounds 3 \
-        --variant 'lib=' --variant 'no-whole=F.WHOLE_VECTORS = False' \
+        --variant 'lib=' --variant 'edges16=F.WHOLE_VECTOR_MIN_BYTES = dict(fwd=None, bwd=None)' \
         --variant 'tile8k=B.BWD_ROWS_TILE[2] = 8192; B.BWD_ROWS_CHUNK[2] = None'
 
-A variant is ``name=statements``: Python run with ``F`` (``softmax_fwd``), ``B`` (``softmax_bwd``) and ``S``
-(``softmax_staged``) in scope before each of its timings; every upper-case knob of the three modules is
-restored after it, and any of their functions it replaced (so variants do not leak into each other; set once per timing, outside the timed calls). For each (N, M = 2^28 // N, dtype,
-direction) each variant is checked once against float64 (max error over the largest reference value)
-and timed once per round, in turn with torch.compile's softmax (its backward through autograd, as
-``launch/bench_softmax.py`` times it); the medians are printed as GB/s and % of a device-to-device
-copy (forward 2 * bytes(x) / t, backward 3 * bytes(x) / t).
+A variant is ``name=statements``: Python run with ``F`` (``softmax_fwd``), ``B`` (``softmax_bwd``) and
+``S`` (``softmax_staged``) in scope before each of its timings (not inside the timed calls). Every
+upper-case knob of the three modules, and any of their functions a variant replaced, is restored
+after each timing, so variants do not leak into each other.
+
+For each (N, M = 2^28 // N, dtype, direction) each variant is checked once against float64 (max
+error over the largest reference value), then timed once per round, in turn with torch.compile's
+softmax (its backward through autograd, as ``launch/bench_softmax.py`` times it; ``--peer 0``:
+without it). The medians are printed as GB/s and % of a device-to-device copy (forward 2 * bytes(x)
+/ t, backward 3 * bytes(x) / t). The forward is ``softmax_fwd(x, with_lse=False)``, what
+``ringsoftmax.softmax`` costs (``--lse 1``: with the lse).
 """
 from __future__ import annotations
 
@@ -71,6 +75,8 @@ def main():
     ap.add_argument("--variant", action="append", default=[], help="name=statements (repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--elements", type=int, default=1 << 28, help="M * N (about)")
+    ap.add_argument("--lse", type=int, default=0, help="forward: 1 times softmax_with_lse, 0 softmax (y only)")
+    ap.add_argument("--peer", type=int, default=1, help="0: no torch.compile (saves its compile time)")
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in (args.variant or ["lib="]))
     saved = snapshot()
@@ -89,11 +95,11 @@ def main():
                 if direction == "fwd":
                     ref = torch.softmax(x.double(), -1)
                     nbytes = 2 * x.numel() * x.element_size()
-                    ours = lambda: F.softmax_fwd(x, with_lse=True)[0]  # noqa: E731
+                    ours = lambda: F.softmax_fwd(x, with_lse=bool(args.lse))[0]  # noqa: E731
                     peer = lambda: peer_fwd(x)  # noqa: E731
                 else:
                     xx = x.detach().clone().requires_grad_()
-                    yy = peer_fwd(xx)
+                    yy = peer_fwd(xx) if args.peer else torch.softmax(xx, -1)
                     y, dy = yy.detach(), torch.randn_like(yy)
                     ref = y.double() * (dy.double() - (y.double() * dy.double()).sum(-1, keepdim=True))
                     nbytes = 3 * x.numel() * x.element_size()
@@ -105,13 +111,14 @@ def main():
                     with knobs_set(stmts, saved):
                         errs[name] = (ours().double() - ref).abs().max().item() / scale
                 del ref
-                times = {name: [] for name in ["torch.compile", *variants]}
+                times = {name: [] for name in ["torch.compile"] * args.peer + [*variants]}
                 for _ in range(args.rounds):
-                    times["torch.compile"].append(bench(peer))
+                    if args.peer:
+                        times["torch.compile"].append(bench(peer))
                     for name, stmts in variants.items():
                         with knobs_set(stmts, saved):
                             times[name].append(bench(ours))
-                t_peer = statistics.median(times["torch.compile"])
+                t_peer = statistics.median(times["torch.compile"]) if args.peer else float("nan")
                 for name, ts in times.items():
                     t = statistics.median(ts)
                     err = f"{errs[name]:.1e}" if name in errs else "-"

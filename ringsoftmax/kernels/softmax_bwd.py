@@ -41,6 +41,20 @@ BWD_ROWS_TILE = {4: 4096, 2: 4096}
 BWD_ELEMS_PER_THREAD = {4: 8, 2: 8}
 #: Most warps of a rows-kernel program in the backward.
 BWD_ROWS_MAX_WARPS = 32
+#: Backward rows kernel on rows with end vectors (EDGES, ``softmax_fwd.row_edges``) or a tail tile
+#: (``softmax_fwd.tail_split``): their tile (fewer rows per program than ``BWD_ROWS_TILE``), by element
+#: size, and (elements per thread, most warps) in place of ``BWD_ELEMS_PER_THREAD`` and
+#: ``BWD_ROWS_MAX_WARPS`` (about half the warps) on main tiles of at most ``BWD_MASKED_MAX_BLOCK``
+#: columns, by kind (rows with a tail tile alone: "tail"). H200, % of copy against the defaults
+#: (``logs/2026-11-24-h200-s36-call3.log``, ``-call4.log``, ``-call5.log``): bf16 N = 300 / 302 / 600 /
+#: 1001 / 4097 / 8193 / 16385 100.7 / 90.3 / 101.5 / 101.7 / 88.9 / 81.7 / 76.3 against 77.3 / 77.8 /
+#: 92.7 / 84.7 / 70.7 / 71.5 / 73.5 (torch.compile at 300 / 302 / 600 / 1001: 100.5 / 100.9 / 100.4 /
+#: 85.6); float32 1001 / 3001 / 4097 / 10001 / 16385 100.0 / 101.8 / 102.1 / 99.6 / 102.0 against 91.5 /
+#: 89.1 / 96.3 / 71.5 / 88.9. Not on tiles of 32768 (N = 30001: bf16 48.2 against 65.0), nor on rows
+#: with a tail tile alone past 1024 columns (bf16 6144: 92.5 against 99.4).
+BWD_MASKED_ROWS_TILE = {4: 4096, 2: 1024}
+BWD_MASKED_WARPS = (16, 16)
+BWD_MASKED_MAX_BLOCK = {"edges": 16384, "tail": 1024}
 #: Eviction policy of the backward rows kernel's loads of y and dy ("" = the default).
 BWD_ROWS_LOAD_EVICT = ""
 #: Backward rows kernel, by element size: None holds whole rows in registers; a number sums the rows
@@ -296,12 +310,28 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
         raise ValueError(f"{fn}: y is on {y.device}, dy on {dy.device}")
 
 
+def rows_config(m: int, cols: int, elem: int, edges: bool):
+    """``softmax_fwd.rows_config`` of the backward rows kernel on m rows of ``cols`` columns: rows
+    with end vectors (``edges``) or a tail tile take ``BWD_MASKED_ROWS_TILE`` and, on main tiles of at
+    most ``BWD_MASKED_MAX_BLOCK`` columns, ``BWD_MASKED_WARPS``; the others ``BWD_ROWS_TILE``,
+    ``BWD_ELEMS_PER_THREAD`` and ``BWD_ROWS_MAX_WARPS``."""
+    def config(tile, per_thread, max_warps):
+        return fwd.rows_config(m, cols, elem, per_thread=per_thread, tile=tile, max_warps=max_warps,
+                               wide_tail=BWD_ROWS_WIDE_TAIL)
+    plain = config(BWD_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS)
+    kind = "edges" if edges else "tail" if plain[2] else None
+    if kind is None:
+        return plain
+    if BWD_MASKED_WARPS and plain[1] <= BWD_MASKED_MAX_BLOCK[kind]:
+        per_thread, max_warps = BWD_MASKED_WARPS
+        return config(BWD_MASKED_ROWS_TILE, dict.fromkeys(BWD_ELEMS_PER_THREAD, per_thread), max_warps)
+    return config(BWD_MASKED_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS)
+
+
 def _rows(y, dy, dx, delta, store_dx: bool) -> None:
     (m, n), elem = y.shape, fwd.element_size(y, dy)
-    align, edges, cols = fwd.row_layout(*((y, dy, dx) if store_dx else (y, dy)))
-    block_m, block_n, tail_n, warps = fwd.rows_config(m, cols, elem, per_thread=BWD_ELEMS_PER_THREAD,
-                                                      tile=BWD_ROWS_TILE, max_warps=BWD_ROWS_MAX_WARPS,
-                                                      wide_tail=BWD_ROWS_WIDE_TAIL)
+    align, edges, cols = fwd.row_layout(*((y, dy, dx) if store_dx else (y, dy)), direction="bwd")
+    block_m, block_n, tail_n, warps = rows_config(m, cols, elem, edges)
     reload = BWD_ROWS_CHUNK[elem] is not None
     chunk = min(block_n, BWD_ROWS_CHUNK[elem] or block_n)
     if reload and tail_n >= chunk:  # (a tail of whole pieces: the pieces' loop takes it)
@@ -368,7 +398,7 @@ def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     delta = torch.zeros(m, dtype=torch.float32, device=y.device)
     if m == 0 or n == 0:
         return delta
-    if fwd.rows_fit(BWD_ROWS_MAX_N, y, dy):
+    if fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, direction="bwd"):
         _rows(y, dy, y, delta, store_dx=False)
         return delta
     return _two_pass_dot(y, dy)
@@ -393,7 +423,7 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
     elif fwd.staged_split("bwd", y, dy, dx):
         pass
-    elif fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx):
+    elif fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd"):
         _rows(y, dy, dx, None, store_dx=True)
     elif fwd.held_split("bwd", y, dy, dx):
         pass

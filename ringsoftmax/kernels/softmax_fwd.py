@@ -63,6 +63,20 @@ ROWS_TAIL = True
 #: Rows of at most this many columns, by element size, take a tail tile of half the main tile too
 #: (``tail_split``): the forward's 16-bit rows (bf16 12288: 96 against 83% of copy, H200).
 ROWS_WIDE_TAIL = {4: 0, 2: 32768}
+#: Rows kernels, by direction: where 16-byte vectors would leave the rows' end vectors to an
+#: element-at-a-time tile (``row_edges``), move the widest narrower vector of at least this many bytes
+#: of which every row is whole instead (``whole_vector_align``; None: never). H200, % of copy, whole
+#: against 16-byte vectors with end vectors apart (``logs/2026-11-24-h200-s36-call1.log``): bf16 N = 300
+#: (8 bytes) forward 90.1 / 68.7, backward 86.8 / 77.9; 1004 96.0 / 82.1, 100.0 / 85.1; 4100 96.2 / 87.6,
+#: 94.1 / 69.2; N = 302 (4 bytes) forward 77.4 / 69.2, but backward 68.2 / 77.9.
+WHOLE_VECTOR_MIN_BYTES = {"fwd": 4, "bwd": 8}
+#: Forward rows kernel: (registers, fewest, most elements): programs of 16 warps or more whose threads
+#: hold between that fewest and most elements of the main tile compile with at most that many registers
+#: a thread (ptx ``.maxnreg``, ``rows_register_cap``), so that two of them share a multiprocessor. None:
+#: no cap. H200, % of copy with and without (``logs/2026-11-24-h200-s36-call5.log``): float32 N = 16385
+#: 92.2 / 77.2 (74 registers uncapped, sm_90), 20000 96.5 / 88.9, 8192 99.3 / 97.0; at 8 elements a thread
+#: the cap cost (float32 4097: 81.5 / 92.6).
+ROWS_REGISTER_CAP = (64, 16, 32)
 #: Eviction policy of the forward rows kernel's loads ("" = the default).
 ROWS_LOAD_EVICT = ""
 #: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
@@ -697,19 +711,33 @@ def row_edges(align: int, *tensors: torch.Tensor) -> bool:
     return align > 1 and (n % align != 0 or any(t.stride(0) % align for t in tensors if m > 1))
 
 
-def row_layout(*tensors: torch.Tensor) -> tuple[int, bool, int]:
-    """(ALIGN, EDGES, columns) of the tile kernels on (M, N) rows ``tensors`` (inputs and outputs):
-    ``row_align``, ``row_edges``, and the columns a row's tiles cover: N, plus the up to ALIGN - 1
-    columns before it where rows start inside a 16-byte vector."""
-    align = row_align(*tensors)
+def whole_vector_align(align: int, min_bytes: int | None, *tensors: torch.Tensor) -> int:
+    """The widest ALIGN below ``align`` (``row_align``'s 16-byte vectors), of at least two elements and
+    ``min_bytes`` bytes of the narrowest dtype, under which every row of ``tensors`` is whole vectors
+    (``row_edges`` False: N and the row strides multiples of it; the data pointers are 16-byte aligned
+    where ``align`` > 1); ``align`` itself where there is none (odd N), it needs no end vectors, or
+    ``min_bytes`` is None."""
+    least = max(2, (min_bytes or 0) // min(t.element_size() for t in tensors))
+    narrower = align
+    while min_bytes is not None and row_edges(narrower, *tensors) and narrower // 2 >= least:
+        narrower //= 2
+    return narrower if not row_edges(narrower, *tensors) else align
+
+
+def row_layout(*tensors: torch.Tensor, direction: str = "fwd") -> tuple[int, bool, int]:
+    """(ALIGN, EDGES, columns) of the ``direction`` rows kernel on (M, N) rows ``tensors`` (inputs and
+    outputs): ``row_align``, or the narrower whole vectors ``WHOLE_VECTOR_MIN_BYTES`` lets it take
+    (``whole_vector_align``), ``row_edges``, and the columns a row's tiles cover: N, plus the up to
+    ALIGN - 1 columns before it where rows start inside a vector."""
+    align = whole_vector_align(row_align(*tensors), WHOLE_VECTOR_MIN_BYTES[direction], *tensors)
     edges = row_edges(align, *tensors)
     return align, edges, tensors[0].shape[1] + (align - 1 if edges else 0)
 
 
-def rows_fit(limit: int, *tensors: torch.Tensor) -> bool:
-    """Whether (M, N) rows ``tensors`` (inputs and outputs) fit a rows kernel of at most ``limit``
-    columns (``row_layout``: the columns its tiles cover)."""
-    return row_layout(*tensors)[2] <= limit
+def rows_fit(limit: int, *tensors: torch.Tensor, direction: str = "fwd") -> bool:
+    """Whether (M, N) rows ``tensors`` (inputs and outputs) fit the ``direction`` rows kernel of at most
+    ``limit`` columns (``row_layout``: the columns its tiles cover)."""
+    return row_layout(*tensors, direction=direction)[2] <= limit
 
 
 def split_chunk(elem: int, table=None):
@@ -868,6 +896,18 @@ def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load
                 OFFS64=last > 2**31 - 1, LOAD_EVICT=load_evict, ALIGN=align, EDGES=edges, TAIL_N=tail_n)
 
 
+def rows_register_cap(block_m: int, block_n: int, warps: int, cap=None) -> dict:
+    """The launch option ``maxnreg`` of a rows kernel of ``warps`` warps on main tiles of block_m rows x
+    block_n columns, where ``cap`` (registers, fewest and most elements of the main tile a thread
+    holds; default ``ROWS_REGISTER_CAP``) applies to it: programs of at least 16 warps; else no option
+    (``{}``)."""
+    cap = ROWS_REGISTER_CAP if cap is None else cap
+    per_thread = block_m * block_n // (32 * warps)
+    if not cap or warps < 16 or not cap[1] <= per_thread <= cap[2]:
+        return {}
+    return {"maxnreg": cap[0]}
+
+
 def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
     """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx."""
     m, n = x.shape
@@ -876,7 +916,7 @@ def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
     _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
-        STORE_LSE=lse is not None, num_warps=warps,
+        STORE_LSE=lse is not None, num_warps=warps, **rows_register_cap(block_m, block_n, warps),
         **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT,
                          align, tail_n, edges))
 
