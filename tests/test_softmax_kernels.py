@@ -204,7 +204,7 @@ def test_rows_register_cap_and_backward_tiles(monkeypatch):
     assert bwd(4104, True) == (1, 4096, 8, 8) and bwd(4104, False) == (1, 4096, 8, 16)
     assert bwd(16392, True) == (1, 16384, 8, 16) and bwd(30008, True) == (1, 32768, 0, 32)
     assert bwd(1008, True) == (1, 1024, 0, 2) and bwd(1024, False) == (4, 1024, 0, 16)
-    assert bwd(300, False) == (2, 256, 64, 1) and bwd(300, False, 4) == (8, 256, 64, 4)
+    assert bwd(300, False) == (2, 256, 64, 1) and bwd(300, False, 4) == (2, 256, 64, 1)
     assert bwd(6144, False) == (1, 4096, 2048, 16)
     monkeypatch.setattr(B, "BWD_MASKED_WARPS", None)
     assert bwd(4104, True) == (1, 4096, 8, 16) and bwd(1008, True) == (1, 1024, 0, 4)

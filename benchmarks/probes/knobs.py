@@ -77,6 +77,7 @@ def main():
     ap.add_argument("--elements", type=int, default=1 << 28, help="M * N (about)")
     ap.add_argument("--lse", type=int, default=0, help="forward: 1 times softmax_with_lse, 0 softmax (y only)")
     ap.add_argument("--peer", type=int, default=1, help="0: no torch.compile (saves its compile time)")
+    ap.add_argument("--scale", type=float, default=3.0, help="x = randn * scale")
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in (args.variant or ["lib="]))
     saved = snapshot()
@@ -90,7 +91,7 @@ def main():
         dtype = DTYPES[dname]
         for n in map(int, args.sizes.split(",")):
             m = max(1, args.elements // n)
-            x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
+            x = (torch.randn(m, n, device="cuda") * args.scale).to(dtype)
             for direction in args.dirs.split(","):
                 if direction == "fwd":
                     ref = torch.softmax(x.double(), -1)

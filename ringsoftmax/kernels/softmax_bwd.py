@@ -51,8 +51,9 @@ BWD_ROWS_MAX_WARPS = 32
 #: 92.7 / 84.7 / 70.7 / 71.5 / 73.5 (torch.compile at 300 / 302 / 600 / 1001: 100.5 / 100.9 / 100.4 /
 #: 85.6); float32 1001 / 3001 / 4097 / 10001 / 16385 100.0 / 101.8 / 102.1 / 99.6 / 102.0 against 91.5 /
 #: 89.1 / 96.3 / 71.5 / 88.9. Not on tiles of 32768 (N = 30001: bf16 48.2 against 65.0), nor on rows
-#: with a tail tile alone past 1024 columns (bf16 6144: 92.5 against 99.4).
-BWD_MASKED_ROWS_TILE = {4: 4096, 2: 1024}
+#: with a tail tile alone past 1024 columns (bf16 6144: 92.5 against 99.4). The float32 tile of 1024
+#: against 4096 (``-call9.log``): N = 302 100.9 / 94.1, but 300 / 600 99.9 / 100.8, 100.5 / 102.2.
+BWD_MASKED_ROWS_TILE = {4: 1024, 2: 1024}
 BWD_MASKED_WARPS = (16, 16)
 BWD_MASKED_MAX_BLOCK = {"edges": 16384, "tail": 1024}
 #: Eviction policy of the backward rows kernel's loads of y and dy ("" = the default).
