@@ -124,7 +124,8 @@ def main():
                     t = statistics.median(ts)
                     err = f"{errs[name]:.1e}" if name in errs else "-"
                     print(f"{direction} | {dname} | {n} | {m} | {name} | {nbytes / t / 1e6:.0f} | "
-                          f"{100 * nbytes / t / 1e6 / copy_:.1f} | {t_peer / t:.2f}x | {err}", flush=True)
+                          f"{100 * nbytes / t / 1e6 / copy_:.1f} | {f'{t_peer / t:.2f}x' if args.peer else '-'} | {err}",
+                          flush=True)
                 torch.cuda.empty_cache()
 
 

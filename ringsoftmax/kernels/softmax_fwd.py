@@ -66,9 +66,11 @@ ROWS_WIDE_TAIL = {4: 0, 2: 32768}
 #: Rows kernels, by direction: where 16-byte vectors would leave the rows' end vectors to an
 #: element-at-a-time tile (``row_edges``), move the widest narrower vector of at least this many bytes
 #: of which every row is whole instead (``whole_vector_align``; None: never). H200, % of copy, whole
-#: against 16-byte vectors with end vectors apart (``logs/2026-11-24-h200-s36-call1.log``): bf16 N = 300
-#: (8 bytes) forward 90.1 / 68.7, backward 86.8 / 77.9; 1004 96.0 / 82.1, 100.0 / 85.1; 4100 96.2 / 87.6,
-#: 94.1 / 69.2; N = 302 (4 bytes) forward 77.4 / 69.2, but backward 68.2 / 77.9.
+#: against 16-byte vectors with end vectors apart (``logs/2026-11-24-h200-s36-call1.log``, the backward
+#: on the tiles of before ``softmax_bwd.BWD_MASKED_ROWS_TILE``): bf16 N = 300 (8 bytes) forward 90.1 /
+#: 68.7, backward 86.8 / 77.9; 1004 96.0 / 82.1, 100.0 / 85.1; 4100 96.2 / 87.6, 94.1 / 69.2; N = 302
+#: (4 bytes) forward 77.4 / 69.2, backward 68.2 / 77.9 (on the masked tiles 96.1 / 89.9, ``-call8.log``:
+#: not taken, unmeasured on longer rows).
 WHOLE_VECTOR_MIN_BYTES = {"fwd": 4, "bwd": 8}
 #: Forward rows kernel: (registers, fewest, most elements): programs of 16 warps or more whose threads
 #: hold between that fewest and most elements of the main tile compile with at most that many registers
