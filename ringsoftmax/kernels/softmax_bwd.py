@@ -316,22 +316,22 @@ def rows_config(m: int, cols: int, elem: int, edges: bool):
     with end vectors (``edges``) or a tail tile take ``BWD_MASKED_ROWS_TILE`` and, on main tiles of at
     most ``BWD_MASKED_MAX_BLOCK`` columns, ``BWD_MASKED_WARPS``; the others ``BWD_ROWS_TILE``,
     ``BWD_ELEMS_PER_THREAD`` and ``BWD_ROWS_MAX_WARPS``."""
-    def config(tile, per_thread, max_warps):
-        return fwd.rows_config(m, cols, elem, per_thread=per_thread, tile=tile, max_warps=max_warps,
-                               wide_tail=BWD_ROWS_WIDE_TAIL)
-    plain = config(BWD_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS)
-    kind = "edges" if edges else "tail" if plain[2] else None
-    if kind is None:
-        return plain
-    if BWD_MASKED_WARPS and plain[1] <= BWD_MASKED_MAX_BLOCK[kind]:
-        per_thread, max_warps = BWD_MASKED_WARPS
-        return config(BWD_MASKED_ROWS_TILE, dict.fromkeys(BWD_ELEMS_PER_THREAD, per_thread), max_warps)
-    return config(BWD_MASKED_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS)
+    block_n, tail_n = fwd.tail_split(cols, BWD_ROWS_WIDE_TAIL[elem])
+    kind = "edges" if edges else "tail" if tail_n else None
+    tile, per_thread, max_warps = BWD_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS
+    if kind is not None:
+        tile = BWD_MASKED_ROWS_TILE
+        if BWD_MASKED_WARPS and block_n <= BWD_MASKED_MAX_BLOCK[kind]:
+            per_thread, max_warps = dict.fromkeys(BWD_ELEMS_PER_THREAD, BWD_MASKED_WARPS[0]), BWD_MASKED_WARPS[1]
+    return fwd.rows_config(m, cols, elem, per_thread=per_thread, tile=tile, max_warps=max_warps,
+                           wide_tail=BWD_ROWS_WIDE_TAIL)
 
 
-def _rows(y, dy, dx, delta, store_dx: bool) -> None:
+def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:
+    """The rows kernel: dx (``store_dx``), or the row sums of y * dy into ``delta`` (``layout``: the
+    tensors' ``row_layout`` where the caller has it from ``softmax_fwd.rows_fit``)."""
     (m, n), elem = y.shape, fwd.element_size(y, dy)
-    align, edges, cols = fwd.row_layout(*((y, dy, dx) if store_dx else (y, dy)), direction="bwd")
+    align, edges, cols = layout or fwd.row_layout(*((y, dy, dx) if store_dx else (y, dy)), direction="bwd")
     block_m, block_n, tail_n, warps = rows_config(m, cols, elem, edges)
     reload = BWD_ROWS_CHUNK[elem] is not None
     chunk = min(block_n, BWD_ROWS_CHUNK[elem] or block_n)
@@ -399,8 +399,8 @@ def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     delta = torch.zeros(m, dtype=torch.float32, device=y.device)
     if m == 0 or n == 0:
         return delta
-    if fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, direction="bwd"):
-        _rows(y, dy, y, delta, store_dx=False)
+    if layout := fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, direction="bwd"):
+        _rows(y, dy, y, delta, store_dx=False, layout=layout)
         return delta
     return _two_pass_dot(y, dy)
 
@@ -424,8 +424,8 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
     elif fwd.staged_split("bwd", y, dy, dx):
         pass
-    elif fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd"):
-        _rows(y, dy, dx, None, store_dx=True)
+    elif layout := fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd"):
+        _rows(y, dy, dx, None, store_dx=True, layout=layout)
     elif fwd.held_split("bwd", y, dy, dx):
         pass
     elif fwd.use_persistent(y, n * (y.element_size() + dy.element_size()), BWD_PERSISTENT_MAX_ROW_BYTES,

@@ -719,11 +719,13 @@ def whole_vector_align(align: int, min_bytes: int | None, *tensors: torch.Tensor
     (``row_edges`` False: N and the row strides multiples of it; the data pointers are 16-byte aligned
     where ``align`` > 1); ``align`` itself where there is none (odd N), it needs no end vectors, or
     ``min_bytes`` is None."""
-    least = max(2, (min_bytes or 0) // min(t.element_size() for t in tensors))
+    if min_bytes is None:
+        return align
+    least = max(2, min_bytes // min(t.element_size() for t in tensors))
     narrower = align
-    while min_bytes is not None and row_edges(narrower, *tensors) and narrower // 2 >= least:
+    while row_edges(narrower, *tensors) and narrower // 2 >= least:
         narrower //= 2
-    return narrower if not row_edges(narrower, *tensors) else align
+    return align if row_edges(narrower, *tensors) else narrower
 
 
 def row_layout(*tensors: torch.Tensor, direction: str = "fwd") -> tuple[int, bool, int]:
@@ -736,10 +738,12 @@ def row_layout(*tensors: torch.Tensor, direction: str = "fwd") -> tuple[int, boo
     return align, edges, tensors[0].shape[1] + (align - 1 if edges else 0)
 
 
-def rows_fit(limit: int, *tensors: torch.Tensor, direction: str = "fwd") -> bool:
-    """Whether (M, N) rows ``tensors`` (inputs and outputs) fit the ``direction`` rows kernel of at most
-    ``limit`` columns (``row_layout``: the columns its tiles cover)."""
-    return row_layout(*tensors, direction=direction)[2] <= limit
+def rows_fit(limit: int, *tensors: torch.Tensor, direction: str = "fwd") -> tuple[int, bool, int] | None:
+    """The ``row_layout`` of (M, N) rows ``tensors`` (inputs and outputs) where they fit the
+    ``direction`` rows kernel of at most ``limit`` columns (the columns its tiles cover), else None.
+    The callers hand it on to the kernel's launch (``_rows``' ``layout``)."""
+    layout = row_layout(*tensors, direction=direction)
+    return layout if layout[2] <= limit else None
 
 
 def split_chunk(elem: int, table=None):
@@ -910,10 +914,11 @@ def rows_register_cap(block_m: int, block_n: int, warps: int, cap=None) -> dict:
     return {"maxnreg": cap[0]}
 
 
-def _rows(x, y, lse, mx, sx, store_y: bool) -> None:
-    """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx."""
+def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
+    """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx
+    (``layout``: the tensors' ``row_layout``, where the caller has it from ``rows_fit``)."""
     m, n = x.shape
-    align, edges, cols = row_layout(*((x, y) if store_y else (x,)))
+    align, edges, cols = layout or row_layout(*((x, y) if store_y else (x,)))
     block_m, block_n, tail_n, warps = rows_config(m, cols, x.element_size())
     _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
@@ -1035,7 +1040,7 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
         pass
     elif short:
         spare = y if lse is None else lse  # (the rows kernel's unused statistic pointers)
-        _rows(x, y, lse if with_lse else None, spare, spare, store_y=True)
+        _rows(x, y, lse if with_lse else None, spare, spare, store_y=True, layout=short)
     elif held_split("fwd", x, x, y, lse):
         pass
     elif use_persistent(x, n * x.element_size(), PERSISTENT_MAX_ROW_BYTES, x.element_size()):
@@ -1056,10 +1061,10 @@ def row_stats(x: torch.Tensor):
     m, n = x.shape
     if m == 0 or n == 0:
         return _empty_rows(x, m), torch.zeros(m, dtype=torch.float32, device=x.device)
-    if rows_fit(ROWS_MAX_N[x.element_size()], x):
+    if layout := rows_fit(ROWS_MAX_N[x.element_size()], x):
         mx = torch.empty(m, dtype=torch.float32, device=x.device)
         sx = torch.empty_like(mx)
-        _rows(x, x, mx, mx, sx, store_y=False)
+        _rows(x, x, mx, mx, sx, store_y=False, layout=layout)
         return mx, sx
     _, mx, sx = _two_pass_stats(x)
     return mx, sx
