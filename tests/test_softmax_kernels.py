@@ -666,6 +666,49 @@ def test_bwd_persistent_shapes_gpu(m, n, poisoned):
     assert F.sync_failures("cuda") == 0
 
 
+@pytest.mark.parametrize("dtype, n, staged", [
+    (torch.bfloat16, 20001, True), (torch.bfloat16, 16385, True), (torch.bfloat16, 16400, True),
+    (torch.bfloat16, 24577, True), (torch.bfloat16, 8200, False), (torch.bfloat16, 10240, False),
+    (torch.bfloat16, 24576, False), (torch.bfloat16, 32000, False), (torch.float32, 20000, True),
+    (torch.float32, 16400, True), (torch.float32, 16385, False), (torch.float32, 24577, False),
+    (torch.float32, 30000, False), (torch.bfloat16, 32767, True), (torch.float32, 32767, True),
+    (torch.bfloat16, 17000, False), (torch.bfloat16, 19500, False), (torch.float32, 17500, False)])
+def test_bwd_rows_that_try_the_staged_kernel_first_cpu(dtype, n, staged):
+    """``softmax_bwd.staged_first``: masked rows on main tiles of 16384 or more (16-bit: end vectors or
+    a tail tile; float32: a tail tile alone; tails only on rows of whole 16-byte vectors, N a multiple
+    of 16), and rows the rows kernel cannot hold (N = 32767 shifted to 16 bytes covers more than 32768
+    columns)."""
+    y = torch.empty(3, n, dtype=dtype)
+    layout = F.rows_fit(B.BWD_ROWS_MAX_N, y, y, y, direction="bwd")
+    assert (layout is None) == (n == 32767)
+    assert B.staged_first(layout, y.element_size()) == staged
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [16400, 17500, 20000, 20001, 24577, 32765, 32767])
+def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatch):
+    """Rows under ``STAGED_MIN_N`` that the staged kernel takes, both directions: rows the rows kernel
+    cannot hold (``staged_fits``' beyond_rows) and the backward's masked rows (``BWD_STAGED_MASKED``),
+    checked against float64; the others of these lengths stay on the rows kernel (every row of 32765
+    and 32767 floats 16-byte shifted, so that the float32 32767 passes 32768 columns)."""
+    launched = []
+    launch = S.launch
+    monkeypatch.setattr(S, "launch", lambda direction, *a, **k: launched.append(direction) or launch(direction, *a, **k))
+    m = 9
+    x = make_x(m, n, dtype, "cuda")
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    elem = x.element_size()
+    assert (launched == ["fwd"]) == (n >= S.STAGED_MIN_N["fwd", elem] or F.rows_fit(F.ROWS_MAX_N[elem], x, y) is None)
+    launched.clear()
+    yy, dy = softmax_pair(m, n, dtype, "cuda")
+    check_bwd(yy, dy, B.softmax_bwd(yy, dy), TOL[dtype])
+    layout = F.rows_fit(B.BWD_ROWS_MAX_N, yy, dy, yy, direction="bwd")
+    assert (launched == ["bwd"]) == B.staged_first(layout, elem)
+    assert F.sync_failures("cuda") == 0
+
+
 def test_staged_table_fits_and_checks_its_config_cpu():
     """Every staged entry keeps its ring consistent and fits a Hopper multiprocessor's shared memory;
     on a GPU with less (Ampere's 163 KB per block) the entries that do not fit give way to the entry

@@ -56,6 +56,20 @@ BWD_ROWS_MAX_WARPS = 32
 BWD_MASKED_ROWS_TILE = {4: 1024, 2: 1024}
 BWD_MASKED_WARPS = (16, 16)
 BWD_MASKED_MAX_BLOCK = {"edges": 16384, "tail": 1024}
+#: Masked rows (``masked_kind``) that try the staged kernel (``softmax_staged``) before the rows kernel,
+#: by element size: (kinds, fewest main-tile columns); None: none. Kind "tail" counts rows whose starts
+#: and lengths are whole 16-byte vectors (``row_align`` 1); rows of whole narrower vectors with a tail
+#: tile ("shifted tail") stay on the rows kernel. H200, % of copy, staged against the rows kernel
+#: (``logs/2026-11-24-h200-s37-call4.log``, ``-call6.log``):
+#: - bf16, end vectors: N = 16385 / 20001 / 24577 / 30001 76.7 / 84.3 / 81.0 / 84.5 against 75.8 / 65.3 /
+#:   54.1 / 64.2; a tail tile, N a multiple of 16: 16400 / 20000 91.2 / 97.8 against 80.9 / 90.3; shifted
+#:   tails lost: 16500 / 17000 / 18500 / 19500 78.8 / 84.5 / 83.3 / 84.7 against 91.1 / 88.6 / 97.3 / 98.6.
+#:   On main tiles of 8192 mixed (10240 97.9 against 80.4, but 8193 / 8200 62.8 / 70.7 against 82.1 / 88.8).
+#: - float32, a tail tile, N a multiple of 16: 16400 / 18000 / 20000 / 20480 96.3 / 100.3 / 102.3 / 102.1
+#:   against 95.3 / 91.3 / 86.4 / 89.1 (torch.compile 102.2 at 20000); shifted tails mixed (16500 / 17000 /
+#:   17500 88.1 / 92.1 / 90.4 against 91.7 / 95.8 / 94.8, 19000 / 19500 98.0 / 94.8 against 90.6 / 89.8);
+#:   end vectors lost (16385 83.0 against 102.0).
+BWD_STAGED_MASKED = {4: (("tail",), 16384), 2: (("edges", "tail"), 16384)}
 #: Eviction policy of the backward rows kernel's loads of y and dy ("" = the default).
 BWD_ROWS_LOAD_EVICT = ""
 #: Backward rows kernel, by element size: None holds whole rows in registers; a number sums the rows
@@ -311,13 +325,33 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
         raise ValueError(f"{fn}: y is on {y.device}, dy on {dy.device}")
 
 
+def masked_kind(cols: int, elem: int, edges: bool) -> tuple[int, str | None]:
+    """(main tile columns, kind) of the backward rows kernel on rows of ``cols`` columns
+    (``softmax_fwd.tail_split``): kind "edges" for rows with end vectors (``edges``), "tail" for rows
+    with a tail tile alone, None for rows in one tile without end vectors."""
+    block_n, tail_n = fwd.tail_split(cols, BWD_ROWS_WIDE_TAIL[elem])
+    return block_n, "edges" if edges else "tail" if tail_n else None
+
+
+def staged_first(layout, elem: int) -> bool:
+    """Whether rows of ``softmax_fwd.rows_fit``'s ``layout`` (None: too long for the rows kernel) try
+    the staged kernel before the rows kernel: rows past the rows kernel, and masked rows
+    (``masked_kind``) that ``BWD_STAGED_MASKED`` sends there."""
+    if layout is None:
+        return True
+    kinds, shortest = BWD_STAGED_MASKED.get(elem) or ((), 0)
+    block_n, kind = masked_kind(layout[2], elem, layout[1])
+    if kind == "tail" and layout[0] > 1:  # (whole vectors shifted to 16 bytes: the rows kernel's)
+        kind = "shifted tail"
+    return kind in kinds and block_n >= shortest
+
+
 def rows_config(m: int, cols: int, elem: int, edges: bool):
     """``softmax_fwd.rows_config`` of the backward rows kernel on m rows of ``cols`` columns: rows
     with end vectors (``edges``) or a tail tile take ``BWD_MASKED_ROWS_TILE`` and, on main tiles of at
     most ``BWD_MASKED_MAX_BLOCK`` columns, ``BWD_MASKED_WARPS``; the others ``BWD_ROWS_TILE``,
     ``BWD_ELEMS_PER_THREAD`` and ``BWD_ROWS_MAX_WARPS``."""
-    block_n, tail_n = fwd.tail_split(cols, BWD_ROWS_WIDE_TAIL[elem])
-    kind = "edges" if edges else "tail" if tail_n else None
+    block_n, kind = masked_kind(cols, elem, edges)
     tile, per_thread, max_warps = BWD_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS
     if kind is not None:
         tile = BWD_MASKED_ROWS_TILE
@@ -422,9 +456,11 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
         return dx
     if delta is not None:
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
-    elif fwd.staged_split("bwd", y, dy, dx):
+        return dx
+    layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd")
+    if fwd.staged_split("bwd", y, dy, dx, beyond_rows=staged_first(layout, fwd.element_size(y, dy))):
         pass
-    elif layout := fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd"):
+    elif layout:
         _rows(y, dy, dx, None, store_dx=True, layout=layout)
     elif fwd.held_split("bwd", y, dy, dx):
         pass

@@ -187,7 +187,7 @@ STAGED_CONFIG = {
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
                  (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True)),
                  (2359297, (4096, 4, 7, 1, 7, True))],
-    ("bwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
+    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
                  (1048576, (8192, 4, 3, 2, 2, False)), (1048576, (16384, 8, 3, 2, 2, True)),
                  (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (4096, 4, 7, 1, 6, True)),
                  (5406721, (4096, 4, 7, 1, 7, True))],
@@ -219,8 +219,16 @@ STAGED_CONFIG_SHIFTED = {
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
-#: bf16 92% at 16K against 82%, backward 96-100% at 32K against 94-96%.
-STAGED_MIN_N = {("fwd", 4): 32769, ("fwd", 2): 16385, ("bwd", 4): 32769, ("bwd", 2): 32769}
+#: bf16 92% at 16K against 82%, backward 96-100% at 32K against 94-96%. (Shorter rows take it too where
+#: the rows kernel cannot hold them, ``softmax_fwd.staged_fits``, or the backward sends masked rows
+#: there, ``softmax_bwd.BWD_STAGED_MASKED``.) The 16-bit forward's rows kernel holds rows to 20480
+#: (main tile 16384, tail up to 4096; H200, % of copy against staged, session 37, logs
+#: ``2026-11-24-h200-s37-call3.log``, ``-call4.log``): bf16 N = 16385 / 16392 / 16400 / 16500 / 17500 /
+#: 19000 / 20000 / 20400 / 20480 78.2 / 86.9 / 91.0 / 87.7 / 87.3 / 88.8 / 92.0 / 92.5 / 96.6 against
+#: 56.6 / 61.3 / 64.6 / 58.8 / 62.0 / 69.9 / 79.8 / 78.3 / 81.9, but 18000 65.6 against 70.4 (78.2 against
+#: 70.3 in the other run), 18433 / 19999 / 20001 62.1 / 64.6 / 64.6 against 62.9 / 67.4 / 67.5; past
+#: 20480 the staged kernel (22000 82.5 against 74.8, 24577 64.7 against 56.8).
+STAGED_MIN_N = {("fwd", 4): 32769, ("fwd", 2): 20481, ("bwd", 4): 32769, ("bwd", 2): 32769}
 #: Use the staged kernel for split rows on CUDA (False: the Triton persistent / two-pass paths).
 STAGED = True
 #: Forward with 16-bit outputs: fold the division by the row's sum into the exponent (one multiply
