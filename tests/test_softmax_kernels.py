@@ -694,7 +694,8 @@ def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatc
     and 32767 floats 16-byte shifted, so that the float32 32767 passes 32768 columns)."""
     launched = []
     launch = S.launch
-    monkeypatch.setattr(S, "launch", lambda direction, *a, **k: launched.append(direction) or launch(direction, *a, **k))
+    monkeypatch.setattr(S, "launch",
+                        lambda direction, *a, **k: launched.append(direction) or launch(direction, *a, **k))
     m = 9
     x = make_x(m, n, dtype, "cuda")
     y, lse = F.softmax_fwd(x)

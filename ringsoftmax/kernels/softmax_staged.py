@@ -173,6 +173,10 @@ except ImportError:  # pragma: no cover - older triton
 #: 2.5M / 2.625M / 3M against 99.0 / 99.2 / 93.5 / 86.8. Rows past these take the held path with
 #: the lag-7 ring: fp32 / bf16 backward 4M / 8M 82.7 / 79.3 against 78.6 / 74.2, fp32 forward 8M
 #: 74.7 against 73.4, bf16 forward 16M 62.1 against 62.3.
+#: Rows under 32769 that the backward sends here (``softmax_bwd.staged_first``; session 37, H200,
+#: ``logs/2026-11-24-h200-s37-call2.log``): 16-bit chunks of 4096 by 4 warps, lag 1, 97.9 / 84.0 / 80.4 /
+#: 81.7% of copy at bf16 10240 / 20001 / 24577 / 32767 against 84.0 / 71.0 / 69.4 / 73.7 for 8192 by 4
+#: (32000: 98.9 against 100.5).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
@@ -187,8 +191,9 @@ STAGED_CONFIG = {
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
                  (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True)),
                  (2359297, (4096, 4, 7, 1, 7, True))],
-    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (8192, 4, 3, 1, 1, False)), (65536, (4096, 4, 3, 2, 2, True)),
-                 (1048576, (8192, 4, 3, 2, 2, False)), (1048576, (16384, 8, 3, 2, 2, True)),
+    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (8192, 4, 3, 1, 1, False)),
+                 (65536, (4096, 4, 3, 2, 2, True)), (1048576, (8192, 4, 3, 2, 2, False)),
+                 (1048576, (16384, 8, 3, 2, 2, True)),
                  (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (4096, 4, 7, 1, 6, True)),
                  (5406721, (4096, 4, 7, 1, 7, True))],
 }
