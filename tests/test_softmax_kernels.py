@@ -689,7 +689,7 @@ def test_bwd_rows_that_try_the_staged_kernel_first_cpu(dtype, n, staged):
 @pytest.mark.parametrize("n", [16400, 17500, 20000, 20001, 24577, 32765, 32767])
 def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatch):
     """Rows under ``STAGED_MIN_N`` that the staged kernel takes, both directions: rows the rows kernel
-    cannot hold (``staged_fits``' beyond_rows) and the backward's masked rows (``BWD_STAGED_MASKED``),
+    cannot hold (``staged_fits``' any_length) and the backward's masked rows (``BWD_STAGED_MASKED``),
     checked against float64; the others of these lengths stay on the rows kernel (every row of 32765
     and 32767 floats 16-byte shifted, so that the float32 32767 passes 32768 columns)."""
     launched = []

@@ -59,7 +59,7 @@ BWD_MASKED_MAX_BLOCK = {"edges": 16384, "tail": 1024}
 #: Masked rows (``masked_kind``) that try the staged kernel (``softmax_staged``) before the rows kernel,
 #: by element size: (kinds, fewest main-tile columns); None: none. Kind "tail" counts rows whose starts
 #: and lengths are whole 16-byte vectors (``row_align`` 1); rows of whole narrower vectors with a tail
-#: tile ("shifted tail") stay on the rows kernel. H200, % of copy, staged against the rows kernel
+#: tile stay on the rows kernel. H200, % of copy, staged against the rows kernel
 #: (``logs/2026-11-24-h200-s37-call4.log``, ``-call6.log``):
 #: - bf16, end vectors: N = 16385 / 20001 / 24577 / 30001 76.7 / 84.3 / 81.0 / 84.5 against 75.8 / 65.3 /
 #:   54.1 / 64.2; a tail tile, N a multiple of 16: 16400 / 20000 91.2 / 97.8 against 80.9 / 90.3; shifted
@@ -341,9 +341,8 @@ def staged_first(layout, elem: int) -> bool:
         return True
     kinds, shortest = BWD_STAGED_MASKED.get(elem) or ((), 0)
     block_n, kind = masked_kind(layout[2], elem, layout[1])
-    if kind == "tail" and layout[0] > 1:  # (whole vectors shifted to 16 bytes: the rows kernel's)
-        kind = "shifted tail"
-    return kind in kinds and block_n >= shortest
+    # (tails of rows in narrower vectors, ALIGN > 1, stay on the rows kernel)
+    return kind in kinds and block_n >= shortest and (kind != "tail" or layout[0] == 1)
 
 
 def rows_config(m: int, cols: int, elem: int, edges: bool):
@@ -457,8 +456,9 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
     if delta is not None:
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
         return dx
-    layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd")
-    if fwd.staged_split("bwd", y, dy, dx, beyond_rows=staged_first(layout, fwd.element_size(y, dy))):
+    # (rows past BWD_ROWS_MAX_N never fit the rows kernel: no layout to work out for them)
+    layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd") if n <= BWD_ROWS_MAX_N else None
+    if fwd.staged_split("bwd", y, dy, dx, any_length=staged_first(layout, fwd.element_size(y, dy))):
         pass
     elif layout:
         _rows(y, dy, dx, None, store_dx=True, layout=layout)

@@ -982,17 +982,17 @@ def _persistent(x, y, lse) -> None:
     _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
 
 
-def staged_fits(direction: str, a, b, out, beyond_rows: bool = False) -> bool:
+def staged_fits(direction: str, a, b, out, any_length: bool = False) -> bool:
     """Whether (M, N) rows a, b (output out) may try ``softmax_staged`` (chunks held in shared
-    memory): the row length (at least ``STAGED_MIN_N``, or any where the caller says the staged kernel
-    should take them, ``beyond_rows``: e.g. rows the rows kernel cannot hold, just short of its
-    limit but past it once shifted to 16 bytes), the device and the alignment allow it (its launch
+    memory): the row length (at least ``STAGED_MIN_N``, or any with ``any_length``, where the caller
+    wants the staged kernel first: e.g. rows the rows kernel cannot hold, just short of its limit but
+    past it once shifted to 16 bytes), the device and the alignment allow it (its launch
     may still refuse rows too long). H200, % of copy, staged against the paths such rows took before
     (``logs/2026-11-24-h200-s37-call3.log``): N = 32767 bf16 backward 82.3 against 40.3 (0.73x
     torch.compile), float32 forward 87.1 against 61.5, backward 87.4 against 73.6."""
     from . import softmax_staged as S  # that module imports this one: resolved at call time
     key = (direction, element_size(a, b))
-    return (beyond_rows or a.shape[1] >= S.STAGED_MIN_N[key]) and S.available(a, b, out)
+    return (any_length or a.shape[1] >= S.STAGED_MIN_N[key]) and S.available(a, b, out)
 
 
 def _staged_launch(direction: str, a, b, out, lse=None) -> bool:
@@ -1000,13 +1000,13 @@ def _staged_launch(direction: str, a, b, out, lse=None) -> bool:
     return S.launch(direction, a, b, out, out if lse is None else lse)
 
 
-def staged_split(direction: str, a, b, out, lse=None, beyond_rows: bool = False) -> bool:
-    """Split rows through ``softmax_staged`` where ``staged_fits`` (``beyond_rows``: see there) and its
+def staged_split(direction: str, a, b, out, lse=None, any_length: bool = False) -> bool:
+    """Split rows through ``softmax_staged`` where ``staged_fits`` (``any_length``: see there) and its
     launch accept them; False where they do not (the caller takes another path).
 
     Forward ``("fwd", x, x, y, lse)``; backward ``("bwd", y, dy, dx)``.
     """
-    return staged_fits(direction, a, b, out, beyond_rows) and _staged_launch(direction, a, b, out, lse)
+    return staged_fits(direction, a, b, out, any_length) and _staged_launch(direction, a, b, out, lse)
 
 
 def held_split(direction: str, a, b, out, lse=None) -> bool:
@@ -1037,7 +1037,7 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     if m == 0 or n == 0:
         return y, _empty_rows(x, m) if with_lse else None
     short = rows_fit(ROWS_MAX_N[x.element_size()], x, y)
-    staged = staged_fits("fwd", x, x, y, beyond_rows=short is None)
+    staged = staged_fits("fwd", x, x, y, any_length=short is None)
     # lse (M,) float32, not allocated where only the rows kernel runs and the caller drops it
     lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not short else None
     if staged and _staged_launch("fwd", x, x, y, lse):

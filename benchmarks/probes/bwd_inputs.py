@@ -1,11 +1,16 @@
-"""session 37 call 8: bf16 backward at N = 16385 / 20001 / 16400, the bench's inputs (x = randn, y = softmax_fwd(x),
-dy = randn) and the probe's (y = softmax(randn * 3)), rows kernel against staged, in several allocation orders."""
+"""Probe: the bf16 backward's rows kernel against the staged kernel (``BWD_STAGED_MASKED`` off / as the
+library has it) at N = 16385 / 20001 / 16400, M * N = 2^28, on three kinds of inputs: the bench's
+(x = randn, y = softmax_fwd(x), dy = randn), ``knobs.py``'s (y = softmax(randn * 3)), and those after a
+28 MiB allocation that moves y and dy. Prints % of a device-to-device copy (3 * bytes(y) / t, medians
+of 3 timings) and the distance between y and dy.
+
+Run on a GPU:  PYTHONPATH=$PWD python3 benchmarks/probes/bwd_inputs.py
+"""
 import statistics, torch, triton
 from ringsoftmax.kernels import softmax_bwd as B, softmax_fwd as F
 def bench(fn): return triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
 a = torch.empty(1 << 29, device="cuda"); b = torch.empty_like(a); t = bench(lambda: b.copy_(a)); copy = 8 * (1 << 29) / t / 1e6; del a, b
 print(f"copy {copy:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-print("tree: session 37 final (2d20c84)")
 on = dict(B.BWD_STAGED_MASKED)
 for n in (16385, 20001, 16400):
     m = (1 << 28) // n
