@@ -266,8 +266,8 @@ def test_tail_split_and_rows_config(monkeypatch):
     # tails of half the main tile: the 16-bit forward to 32768 columns, the 16-bit backward to 8192
     assert F.tail_split(12288, 32768) == (8192, 4096) and F.tail_split(12288, 8192) == (16384, 0)
     assert F.rows_config(8, 12288, 2)[1:3] == (8192, 4096) and F.rows_config(8, 12288, 4)[1:3] == (16384, 0)
-    assert F.rows_config(8, 6144, 2, wide_tail=B.BWD_ROWS_WIDE_TAIL)[1:3] == (4096, 2048)
-    assert F.rows_config(8, 12288, 2, wide_tail=B.BWD_ROWS_WIDE_TAIL)[1:3] == (16384, 0)
+    assert B.rows_config(8, 6144, 2, False)[1:3] == (4096, 2048)
+    assert B.rows_config(8, 12288, 2, False)[1:3] == (16384, 0)
     assert F.rows_config(3, 40, 4) == (4, 32, 8, 1)
     for cols in range(1, 3000, 7):
         block_m, block_n, tail_n, _ = F.rows_config(1000, cols, 4)
@@ -275,6 +275,69 @@ def test_tail_split_and_rows_config(monkeypatch):
         assert block_m == 1 or block_m * (block_n + tail_n) <= F.ROWS_TILE[4]
     monkeypatch.setattr(F, "ROWS_TAIL", False)
     assert F.tail_split(4104) == (8192, 0)
+
+
+def test_rows_tiles_by_length():
+    """Tiles of the rows kernels chosen by row length (session 38): the forward widens a tail tile that
+    gives each thread at least one element but less than a vector to a vector a thread
+    (``vector_tail``), or takes one tile where that tail would be as wide as the main tile; the
+    float32 backward takes one tile for rows with a tail tile alone on main tiles of 1024-4096 columns
+    (``BWD_ONE_TILE``) and holds rows with a tail on 16384-column main tiles in registers
+    (``rows_in_registers``); the 16-bit backward's masked rows on 8192-column main tiles take 16 warps
+    (``BWD_MASKED_WARPS_CAP``)."""
+    m = 1 << 16
+    assert F.rows_config(m, 4608, 4, vector=4) == (1, 4096, 2048, 16)       # 512 on 512 threads -> 2048
+    assert F.rows_config(m, 4608, 4) == (1, 4096, 512, 16)                  # (vector 0: as before)
+    assert F.rows_config(m, 4352, 4, vector=4) == (1, 4096, 256, 16)        # half the threads: kept
+    assert F.rows_config(m, 10240, 4, vector=4) == (1, 8192, 2048, 16)      # a vector a thread already
+    assert F.rows_config(m, 18000, 2, vector=8) == (1, 16384, 4096, 16)
+    assert F.rows_config(m, 17500, 2, vector=4) == (1, 16384, 2048, 16)     # 4-element vectors: kept
+    assert F.vector_tail(1, 64, 32, 32, 4) == (128, 0)                      # as wide as the main tile
+    assert F.vector_tail(4, 64, 16, 32, 4) == (64, 32)                      # four rows of the tail
+    assert B.masked_kind(1280, 4, False) == (2048, 0, None) and B.masked_kind(1280, 2, False) == (1024, 256, "tail")
+    assert B.masked_kind(600, 4, False) == (512, 128, "tail") and B.masked_kind(8320, 4, False) == (8192, 128, "tail")
+    assert B.masked_kind(4100, 4, True) == (4096, 4, "edges")
+    assert B.rows_config(m, 10240, 2, False) == (1, 8192, 2048, 16) and B.rows_config(m, 10240, 4, False)[3] == 32
+    assert B.rows_config(m, 18500, 2, False)[3] == 32
+    assert B.rows_in_registers(4, 16384, 4096, False) and not B.rows_in_registers(4, 16384, 4096, True)
+    assert not B.rows_in_registers(2, 16384, 4096, False) and not B.rows_in_registers(4, 8192, 2048, False)
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype, n, direction", [
+    (torch.float32, 1152, "fwd"), (torch.float16, 2176, "fwd"), (torch.float32, 1280, "bwd"),
+    (torch.float32, 16500, "bwd"), (torch.float16, 8320, "bwd")])
+def test_rows_tiles_by_length_cpu(dtype, n, direction, poisoned):
+    """The tiles of ``test_rows_tiles_by_length`` against float64: forward tails widened to a vector a
+    thread (float32 1152: 1024 + 512 on 4 warps; float16 2176: 2048 + 512 on 2 warps), the float32
+    backward in one tile (1280) and with rows in registers (16500, in 4-element vectors), the 16-bit
+    backward on 16 warps (8320)."""
+    if direction == "fwd":
+        x = make_x(3, n, dtype, "cpu")
+        y, lse = F.softmax_fwd(x)
+        check_fwd(x, y, lse, TOL[dtype])
+    else:
+        y, dy = softmax_pair(2, n, dtype, "cpu")
+        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+        assert rel_err(B.row_dot(y, dy), (y.double() * dy.double()).sum(-1)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, n, direction", [
+    (torch.float32, 4608, "fwd"), (torch.float32, 5120, "fwd"), (torch.float32, 17408, "fwd"),
+    (torch.bfloat16, 8704, "fwd"), (torch.bfloat16, 18000, "fwd"), (torch.float32, 1280, "bwd"),
+    (torch.float32, 2560, "bwd"), (torch.float32, 16500, "bwd"), (torch.float32, 19500, "bwd"),
+    (torch.bfloat16, 9216, "bwd"), (torch.bfloat16, 10240, "bwd")])
+def test_rows_tiles_by_length_gpu(dtype, n, direction, poisoned):
+    """``test_rows_tiles_by_length_cpu`` at the lengths its rules were measured on (H200, session 38),
+    115 rows (an odd count: a partial last program where programs hold several rows)."""
+    if direction == "fwd":
+        x = make_x(115, n, dtype, "cuda")
+        y, lse = F.softmax_fwd(x)
+        check_fwd(x, y, lse, TOL[dtype])
+    else:
+        y, dy = softmax_pair(115, n, dtype, "cuda")
+        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
 
 
 @cpu_only

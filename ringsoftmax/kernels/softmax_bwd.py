@@ -56,6 +56,14 @@ BWD_ROWS_MAX_WARPS = 32
 BWD_MASKED_ROWS_TILE = {4: 1024, 2: 1024}
 BWD_MASKED_WARPS = (16, 16)
 BWD_MASKED_MAX_BLOCK = {"edges": 16384, "tail": 1024}
+#: Masked rows past ``BWD_MASKED_MAX_BLOCK``, by element size: (most warps, in place of
+#: ``BWD_ROWS_MAX_WARPS``, on main tiles of at most this many columns); None: ``BWD_ROWS_MAX_WARPS``.
+#: H200, % of copy, 16 warps against 32 (``logs/2026-11-24-h200-s38-call1.log``, ``-call2.log``): bf16
+#: N = 8200 / 8448 / 9000 / 9216 / 10240 (8192 + a tail) 94.4 / 87.5 / 98.0 / 102.1 / 100.9 against 89.0 /
+#: 77.5 / 71.3 / 75.4 / 81.5 (torch.compile 89.9 / 92.4 / 93.2 / 101.5 / 99.7); on 16384 they lost (17500 /
+#: 18500 / 19500 77.9 / 78.4 / 77.6 against 82.1 / 96.5 / 97.9), float32 too (8200 / 9000 / 10240 96.5 /
+#: 87.2 / 95.9 against 104.2 / 101.4 / 103.5).
+BWD_MASKED_WARPS_CAP = {4: None, 2: (16, 8192)}
 #: Masked rows (``masked_kind``) that try the staged kernel (``softmax_staged``) before the rows kernel,
 #: by element size: (kinds, fewest main-tile columns); None: none. Kind "tail" counts rows whose starts
 #: and lengths are whole 16-byte vectors (``row_align`` 1); rows of whole narrower vectors with a tail
@@ -77,9 +85,23 @@ BWD_ROWS_LOAD_EVICT = ""
 #: tiles, 8 per thread, up to 32 warps (session 10 sweep, H200): 101-103% of copy at 1K-16K, 98-100%
 #: at 32K, against 97-101% and 93-97% for whole rows in 4096-element tiles of 16 per thread.
 BWD_ROWS_CHUNK = {4: 16384, 2: 16384}
+#: Rows with a tail tile alone (``masked_kind`` "tail") on main tiles of at least this many columns hold
+#: y and dy in registers (no ``BWD_ROWS_CHUNK`` pieces), by element size (None: none). H200, % of copy,
+#: registers against pieces (``logs/2026-11-24-h200-s38-call5.log``): float32 N = 16500 / 17000 / 17500 /
+#: 18500 / 19000 / 19500 / 20100 (tails of rows in 4-element vectors; N % 16 = 0 goes staged) 99.5 / 98.0 /
+#: 98.2 / 100.1 / 100.0 / 101.0 / 101.2 against 91.6 / 93.6 / 92.9 / 90.7 / 89.2 / 88.3 / 86.6 (torch.compile
+#: 88.5-101.2); bf16 lost by 17-27; float32 on 8192 mixed (``-call1.log``: 9000 102.8 / 101.4, 8200 87.3 / 104.2).
+BWD_TAIL_REGISTERS = {4: 16384, 2: None}
 #: ``softmax_fwd.ROWS_WIDE_TAIL`` of the backward rows kernel: 16-bit rows up to 8192 columns (bf16
 #: 3072 / 6144: 1.05 / 1.12x against one tile, but 12288 0.91x; float32 0.90-1.00x; H200, session 35).
 BWD_ROWS_WIDE_TAIL = {4: 0, 2: 8192}
+#: Rows with a tail tile alone (``masked_kind`` "tail") whose main tile has (fewest, most) columns take
+#: one tile instead, by element size (None: none). H200, % of copy, one tile against the tail tile
+#: (``logs/2026-11-24-h200-s38-call4.log``): float32 N = 1040 / 1088 / 1152 / 1280 / 2304 / 2560 / 4608 /
+#: 5120 103.3 / 103.9 / 103.7 / 103.5 / 103.7 / 103.4 / 103.0 / 103.8 against 95.5 / 86.0 / 83.4 / 81.9 /
+#: 98.0 / 95.3 / 101.4 / 100.3 (torch.compile 103-104); ties on 8192 (8320-10240, ``-call3.log``); 600
+#: (512 + 128) 98.0 against 100.7. bf16 lost nearly everywhere (``-call3.log``: 4160-5120 by 14-22).
+BWD_ONE_TILE = {4: (1024, 4096), 2: None}
 #: Split rows of at most this many bytes (y and dy) take the persistent kernel, longer ones the
 #: two-pass path (measured faster there), by the larger element size. None: no limit.
 BWD_PERSISTENT_MAX_ROW_BYTES = {4: 8 << 20, 2: 8 << 20}
@@ -325,12 +347,15 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor, fn: str) -> None:
         raise ValueError(f"{fn}: y is on {y.device}, dy on {dy.device}")
 
 
-def masked_kind(cols: int, elem: int, edges: bool) -> tuple[int, str | None]:
-    """(main tile columns, kind) of the backward rows kernel on rows of ``cols`` columns
-    (``softmax_fwd.tail_split``): kind "edges" for rows with end vectors (``edges``), "tail" for rows
-    with a tail tile alone, None for rows in one tile without end vectors."""
+def masked_kind(cols: int, elem: int, edges: bool) -> tuple[int, int, str | None]:
+    """(main tile columns, tail tile columns, kind) of the backward rows kernel on rows of ``cols``
+    columns (``softmax_fwd.tail_split``, one tile where ``BWD_ONE_TILE`` says): kind "edges" for rows
+    with end vectors (``edges``), "tail" for rows with a tail tile alone, None for rows in one tile
+    without end vectors."""
     block_n, tail_n = fwd.tail_split(cols, BWD_ROWS_WIDE_TAIL[elem])
-    return block_n, "edges" if edges else "tail" if tail_n else None
+    if tail_n and not edges and (one := BWD_ONE_TILE.get(elem)) and one[0] <= block_n <= one[1]:
+        block_n, tail_n = 2 * block_n, 0  # (tail_split's main tile is the largest power of two <= cols)
+    return block_n, tail_n, "edges" if edges else "tail" if tail_n else None
 
 
 def staged_first(layout, elem: int) -> bool:
@@ -340,7 +365,7 @@ def staged_first(layout, elem: int) -> bool:
     if layout is None:
         return True
     kinds, shortest = BWD_STAGED_MASKED.get(elem) or ((), 0)
-    block_n, kind = masked_kind(layout[2], elem, layout[1])
+    block_n, _, kind = masked_kind(layout[2], elem, layout[1])
     # (tails of rows in narrower vectors, ALIGN > 1, stay on the rows kernel)
     return kind in kinds and block_n >= shortest and (kind != "tail" or layout[0] == 1)
 
@@ -350,14 +375,24 @@ def rows_config(m: int, cols: int, elem: int, edges: bool):
     with end vectors (``edges``) or a tail tile take ``BWD_MASKED_ROWS_TILE`` and, on main tiles of at
     most ``BWD_MASKED_MAX_BLOCK`` columns, ``BWD_MASKED_WARPS``; the others ``BWD_ROWS_TILE``,
     ``BWD_ELEMS_PER_THREAD`` and ``BWD_ROWS_MAX_WARPS``."""
-    block_n, kind = masked_kind(cols, elem, edges)
+    block_n, tail_n, kind = masked_kind(cols, elem, edges)
     tile, per_thread, max_warps = BWD_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS
     if kind is not None:
-        tile = BWD_MASKED_ROWS_TILE
+        tile, cap = BWD_MASKED_ROWS_TILE, BWD_MASKED_WARPS_CAP[elem]
         if BWD_MASKED_WARPS and block_n <= BWD_MASKED_MAX_BLOCK[kind]:
             per_thread, max_warps = dict.fromkeys(BWD_ELEMS_PER_THREAD, BWD_MASKED_WARPS[0]), BWD_MASKED_WARPS[1]
+        elif cap and block_n <= cap[1]:
+            max_warps = cap[0]
     return fwd.rows_config(m, cols, elem, per_thread=per_thread, tile=tile, max_warps=max_warps,
-                           wide_tail=BWD_ROWS_WIDE_TAIL)
+                           tiles=(block_n, tail_n))
+
+
+def rows_in_registers(elem: int, block_n: int, tail_n: int, edges: bool) -> bool:
+    """Whether the backward rows kernel holds y and dy in registers between the sum and dx (no RELOAD)
+    on tiles of ``rows_config``: everywhere where ``BWD_ROWS_CHUNK`` is None, and on rows with a tail
+    tile alone whose main tile has at least ``BWD_TAIL_REGISTERS`` columns."""
+    held = BWD_TAIL_REGISTERS[elem]
+    return BWD_ROWS_CHUNK[elem] is None or bool(held and tail_n and not edges and block_n >= held)
 
 
 def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:
@@ -366,7 +401,7 @@ def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:
     (m, n), elem = y.shape, fwd.element_size(y, dy)
     align, edges, cols = layout or fwd.row_layout(*((y, dy, dx) if store_dx else (y, dy)), direction="bwd")
     block_m, block_n, tail_n, warps = rows_config(m, cols, elem, edges)
-    reload = BWD_ROWS_CHUNK[elem] is not None
+    reload = not rows_in_registers(elem, block_n, tail_n, edges)
     chunk = min(block_n, BWD_ROWS_CHUNK[elem] or block_n)
     if reload and tail_n >= chunk:  # (a tail of whole pieces: the pieces' loop takes it)
         block_n, tail_n = block_n + tail_n, 0

@@ -63,6 +63,15 @@ ROWS_TAIL = True
 #: Rows of at most this many columns, by element size, take a tail tile of half the main tile too
 #: (``tail_split``): the forward's 16-bit rows (bf16 12288: 96 against 83% of copy, H200).
 ROWS_WIDE_TAIL = {4: 0, 2: 32768}
+#: Forward rows kernel: a tail tile that would give each thread at least one element but less than a
+#: vector (its loads narrower than the main tile's) is widened to a vector a thread (``vector_tail``).
+#: Otherwise Triton gives the two tiles different layouts and moves the whole main tile through shared
+#: memory to the tail's and back (sm_90 TTGIR, triton 3.6: two ``convert_layout`` of the main tile).
+#: H200, % of copy, lib against one tile (``logs/2026-11-24-h200-s38-call3.log``): float32 N = 4608 /
+#: 5120 / 8704 / 9216 (tails of 1-2 elements a thread on 16 warps) 76.2 / 71.9 / 71.3 / 73.9 against
+#: 95.4 / 98.0 / 96.9 / 98.7; bf16 8704 / 9216 / 17408 / 18432 75.9 / 76.1 / 65.3 / 67.7 while 10240 /
+#: 20480 (a vector a thread) ran 91.1 / 96.0.
+ROWS_TAIL_VECTORS = True
 #: Rows kernels, by direction: where 16-byte vectors would leave the rows' end vectors to an
 #: element-at-a-time tile (``row_edges``), move the widest narrower vector of at least this many bytes
 #: of which every row is whole instead (``whole_vector_align``; None: never). H200, % of copy, whole
@@ -658,15 +667,28 @@ def tail_split(cols: int, wide_up_to: int = 0) -> tuple[int, int]:
 
 
 def rows_config(m: int, cols: int, elem: int, per_thread: dict | None = None, tile: dict | None = None,
-                max_warps: int | None = None, wide_tail: dict | None = None):
+                max_warps: int | None = None, tiles: tuple[int, int] | None = None, vector: int = 0):
     """(BLOCK_M, BLOCK_N, TAIL_N, num_warps) of a rows kernel (both directions) on m rows of ``cols``
-    columns (N, plus ALIGN - 1 for shifted tiles): the tiles of ``tail_split`` (tails of half the main
-    tile up to ``(wide_tail or ROWS_WIDE_TAIL)[elem]`` columns), and rows per program and warps as
-    ``tile_config`` gives them (its arguments), the tail tile's columns counted in the rows per
-    program."""
-    block_n, tail_n = tail_split(cols, (ROWS_WIDE_TAIL if wide_tail is None else wide_tail)[elem])
+    columns (N, plus ALIGN - 1 for shifted tiles): the (main, tail) ``tiles`` the caller gives, or
+    ``tail_split``'s (tails of half the main tile up to ``ROWS_WIDE_TAIL[elem]`` columns), and rows per
+    program and warps as ``tile_config`` gives them (its arguments), the tail tile's columns counted in
+    the rows per program. ``vector`` (elements the loads move at once; 0: leave the tail as it is): the
+    tail tile widened by ``vector_tail``."""
+    block_n, tail_n = tiles or tail_split(cols, ROWS_WIDE_TAIL[elem])
     block_m, warps = _program_shape(m, block_n + tail_n, elem, per_thread, tile, max_warps)
+    if vector:
+        block_n, tail_n = vector_tail(block_m, block_n, tail_n, 32 * warps, vector)
     return block_m, block_n, tail_n, warps
+
+
+def vector_tail(block_m: int, block_n: int, tail_n: int, threads: int, vector: int) -> tuple[int, int]:
+    """(BLOCK_N, TAIL_N) with a tail tile of block_m x tail_n elements that gives each of ``threads``
+    at least one but fewer than ``vector`` widened to ``vector`` a thread (``ROWS_TAIL_VECTORS``), or
+    one tile of twice the main tile where that tail would be as wide as the main tile."""
+    if not tail_n or not threads <= block_m * tail_n < vector * threads:
+        return block_n, tail_n
+    tail_n = vector * threads // block_m
+    return (block_n, tail_n) if tail_n < block_n else (2 * block_n, 0)
 
 
 def stream_config(m: int, n: int, elem: int, align: int = 1):
@@ -919,7 +941,8 @@ def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
     (``layout``: the tensors' ``row_layout``, where the caller has it from ``rows_fit``)."""
     m, n = x.shape
     align, edges, cols = layout or row_layout(*((x, y) if store_y else (x,)))
-    block_m, block_n, tail_n, warps = rows_config(m, cols, x.element_size())
+    vector = (align if align > 1 else 16 // x.element_size()) if ROWS_TAIL_VECTORS else 0
+    block_m, block_n, tail_n, warps = rows_config(m, cols, x.element_size(), vector=vector)
     _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
