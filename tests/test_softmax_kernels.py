@@ -196,12 +196,14 @@ def test_rows_register_cap_and_backward_tiles(monkeypatch):
     """The forward rows kernel's register cap: programs of 16 warps or more whose threads hold 16 to 32
     elements of the main tile (``ROWS_REGISTER_CAP``). The backward rows kernel: rows with end vectors
     or a tail tile take smaller programs (``BWD_MASKED_ROWS_TILE``), and about half the warps on main
-    tiles of at most 16384 columns (end vectors) or 1024 (a tail tile alone; ``BWD_MASKED_WARPS``)."""
+    tiles of at most 16384 columns (end vectors), 1024 (a tail tile alone) or 4096 (a tail of at most a
+    quarter of it; ``BWD_MASKED_WARPS``)."""
     assert F.rows_register_cap(1, 16384, 16) == {"maxnreg": 64} == F.rows_register_cap(1, 8192, 16)
     assert F.rows_register_cap(1, 32768, 16) == {} == F.rows_register_cap(1, 4096, 16)
     assert F.rows_register_cap(2, 4096, 8) == {} == F.rows_register_cap(1, 16384, 16, cap=())
     bwd = lambda n, e, elem=2: B.rows_config(1 << 16, n, elem, e)  # noqa: E731
-    assert bwd(4104, True) == (1, 4096, 8, 8) and bwd(4104, False) == (1, 4096, 8, 16)
+    assert bwd(4104, True) == (1, 4096, 8, 8) and bwd(4104, False) == (1, 4096, 8, 8)  # (a quarter tail)
+    assert bwd(4104, False, 4) == (1, 8192, 0, 32)  # (float32: one tile, BWD_ONE_TILE)
     assert bwd(16392, True) == (1, 16384, 8, 16) and bwd(30008, True) == (1, 32768, 0, 32)
     assert bwd(1008, True) == (1, 1024, 0, 2) and bwd(1024, False) == (4, 1024, 0, 16)
     assert bwd(300, False) == (2, 256, 64, 1) and bwd(300, False, 4) == (2, 256, 64, 1)
@@ -284,7 +286,8 @@ def test_rows_tiles_by_length():
     float32 backward takes one tile for rows with a tail tile alone on main tiles of 1024-4096 columns
     (``BWD_ONE_TILE``) and holds rows with a tail on 16384-column main tiles in registers
     (``rows_in_registers``); the 16-bit backward's masked rows on 8192-column main tiles take 16 warps
-    (``BWD_MASKED_WARPS_CAP``)."""
+    (``BWD_MASKED_WARPS_CAP``), its rows with a quarter tail on 4096 ``BWD_MASKED_WARPS``
+    (``BWD_MASKED_QUARTER_TAIL``), and its rows with a tail of 1025-2560 columns stay in registers."""
     m = 1 << 16
     assert F.rows_config(m, 4608, 4, vector=4) == (1, 4096, 2048, 16)       # 512 on 512 threads -> 2048
     assert F.rows_config(m, 4608, 4) == (1, 4096, 512, 16)                  # (vector 0: as before)
@@ -301,17 +304,21 @@ def test_rows_tiles_by_length():
     assert B.rows_config(m, 18500, 2, False)[3] == 32
     assert B.rows_in_registers(4, 16384, 4096, False) and not B.rows_in_registers(4, 16384, 4096, True)
     assert not B.rows_in_registers(2, 16384, 4096, False) and not B.rows_in_registers(4, 8192, 2048, False)
+    assert B.rows_in_registers(2, 1024, 256, False) and not B.rows_in_registers(2, 4096, 256, False)
+    assert B.rows_in_registers(2, 2048, 512, False) and not B.rows_in_registers(2, 2048, 1024, False)
+    # 16-bit tails of at most a quarter of the main tile on 4096: 16 elements a thread (8 warps)
+    assert B.rows_config(m, 5120, 2, False) == (1, 4096, 1024, 8) and B.rows_config(m, 6144, 2, False)[3] == 16
 
 
 @cpu_only
 @pytest.mark.parametrize("dtype, n, direction", [
     (torch.float32, 1152, "fwd"), (torch.float16, 2176, "fwd"), (torch.float32, 1280, "bwd"),
-    (torch.float32, 16500, "bwd"), (torch.float16, 8320, "bwd")])
+    (torch.float32, 16500, "bwd"), (torch.float16, 8320, "bwd"), (torch.float16, 2304, "bwd")])
 def test_rows_tiles_by_length_cpu(dtype, n, direction, poisoned):
     """The tiles of ``test_rows_tiles_by_length`` against float64: forward tails widened to a vector a
     thread (float32 1152: 1024 + 512 on 4 warps; float16 2176: 2048 + 512 on 2 warps), the float32
     backward in one tile (1280) and with rows in registers (16500, in 4-element vectors), the 16-bit
-    backward on 16 warps (8320)."""
+    backward on 16 warps (8320) and in registers (2304: 2048 + 256)."""
     if direction == "fwd":
         x = make_x(3, n, dtype, "cpu")
         y, lse = F.softmax_fwd(x)
@@ -327,7 +334,8 @@ def test_rows_tiles_by_length_cpu(dtype, n, direction, poisoned):
     (torch.float32, 4608, "fwd"), (torch.float32, 5120, "fwd"), (torch.float32, 17408, "fwd"),
     (torch.bfloat16, 8704, "fwd"), (torch.bfloat16, 18000, "fwd"), (torch.float32, 1280, "bwd"),
     (torch.float32, 2560, "bwd"), (torch.float32, 16500, "bwd"), (torch.float32, 19500, "bwd"),
-    (torch.bfloat16, 9216, "bwd"), (torch.bfloat16, 10240, "bwd")])
+    (torch.bfloat16, 9216, "bwd"), (torch.bfloat16, 10240, "bwd"), (torch.bfloat16, 1536, "bwd"),
+    (torch.bfloat16, 2304, "bwd"), (torch.bfloat16, 4352, "bwd"), (torch.bfloat16, 19999, "fwd")])
 def test_rows_tiles_by_length_gpu(dtype, n, direction, poisoned):
     """``test_rows_tiles_by_length_cpu`` at the lengths its rules were measured on (H200, session 38),
     115 rows (an odd count: a partial last program where programs hold several rows)."""

@@ -56,6 +56,12 @@ BWD_ROWS_MAX_WARPS = 32
 BWD_MASKED_ROWS_TILE = {4: 1024, 2: 1024}
 BWD_MASKED_WARPS = (16, 16)
 BWD_MASKED_MAX_BLOCK = {"edges": 16384, "tail": 1024}
+#: ... and rows with a tail tile of at most a quarter of the main tile on main tiles of at most this
+#: many columns (tails of half the main tile, ``BWD_ROWS_WIDE_TAIL``, lost there: bf16 3072 / 6144 93.0 /
+#: 94.2 against 102.4 / 99.4). H200, bf16, % of copy against 8 elements a thread
+#: (``logs/2026-11-24-h200-s38-call7.log``): N = 4352 / 4608 / 5120 99.2 / 98.6 / 97.0 against 87.5 / 90.0 /
+#: 93.7 (torch.compile 90.5 / 88.8 / 93.4).
+BWD_MASKED_QUARTER_TAIL = 4096
 #: Masked rows past ``BWD_MASKED_MAX_BLOCK``, by element size: (most warps, in place of
 #: ``BWD_ROWS_MAX_WARPS``, on main tiles of at most this many columns); None: ``BWD_ROWS_MAX_WARPS``.
 #: H200, % of copy, 16 warps against 32 (``logs/2026-11-24-h200-s38-call1.log``, ``-call2.log``): bf16
@@ -85,13 +91,17 @@ BWD_ROWS_LOAD_EVICT = ""
 #: tiles, 8 per thread, up to 32 warps (session 10 sweep, H200): 101-103% of copy at 1K-16K, 98-100%
 #: at 32K, against 97-101% and 93-97% for whole rows in 4096-element tiles of 16 per thread.
 BWD_ROWS_CHUNK = {4: 16384, 2: 16384}
-#: Rows with a tail tile alone (``masked_kind`` "tail") on main tiles of at least this many columns hold
-#: y and dy in registers (no ``BWD_ROWS_CHUNK`` pieces), by element size (None: none). H200, % of copy,
-#: registers against pieces (``logs/2026-11-24-h200-s38-call5.log``): float32 N = 16500 / 17000 / 17500 /
-#: 18500 / 19000 / 19500 / 20100 (tails of rows in 4-element vectors; N % 16 = 0 goes staged) 99.5 / 98.0 /
-#: 98.2 / 100.1 / 100.0 / 101.0 / 101.2 against 91.6 / 93.6 / 92.9 / 90.7 / 89.2 / 88.3 / 86.6 (torch.compile
-#: 88.5-101.2); bf16 lost by 17-27; float32 on 8192 mixed (``-call1.log``: 9000 102.8 / 101.4, 8200 87.3 / 104.2).
-BWD_TAIL_REGISTERS = {4: 16384, 2: None}
+#: Rows with a tail tile alone (``masked_kind`` "tail") whose two tiles cover (fewest, most) columns hold y
+#: and dy in registers (no ``BWD_ROWS_CHUNK`` pieces), by element size (None: none). H200, % of copy,
+#: registers against pieces: float32 N = 16500 / 17000 / 17500 / 18500 / 19000 / 19500 / 20100 (tails of
+#: rows in 4-element vectors; N % 16 = 0 goes staged) 99.5 / 98.0 / 98.2 / 100.1 / 100.0 / 101.0 / 101.2
+#: against 91.6 / 93.6 / 92.9 / 90.7 / 89.2 / 88.3 / 86.6 (torch.compile 88.5-101.2; ``-s38-call5.log``);
+#: bf16 there lost by 17-27; float32 on 8192 mixed (``-call1.log``: 9000 102.8 / 101.4, 8200 87.3 / 104.2).
+#: bf16 (``-call8.log``, with ``BWD_MASKED_QUARTER_TAIL``) 1088 / 1152 / 1280 / 1536 / 2080 / 2176 / 2304 /
+#: 2560 101.1 / 101.4 / 100.7 / 101.1 / 100.5 / 101.6 / 101.5 / 101.0 against 94.4 / 94.2 / 91.8 / 88.6 / 87.9 /
+#: 89.5 / 97.1 / 99.2 (torch.compile 80.5-95.9), but 3072 (2048 + 1024) 96.5 against 101.8, and 4352 76.9
+#: against 87.5 (``-call7.log``).
+BWD_TAIL_REGISTERS = {4: (16385, 20480), 2: (1025, 2560)}
 #: ``softmax_fwd.ROWS_WIDE_TAIL`` of the backward rows kernel: 16-bit rows up to 8192 columns (bf16
 #: 3072 / 6144: 1.05 / 1.12x against one tile, but 12288 0.91x; float32 0.90-1.00x; H200, session 35).
 BWD_ROWS_WIDE_TAIL = {4: 0, 2: 8192}
@@ -379,7 +389,8 @@ def rows_config(m: int, cols: int, elem: int, edges: bool):
     tile, per_thread, max_warps = BWD_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS
     if kind is not None:
         tile, cap = BWD_MASKED_ROWS_TILE, BWD_MASKED_WARPS_CAP[elem]
-        if BWD_MASKED_WARPS and block_n <= BWD_MASKED_MAX_BLOCK[kind]:
+        narrow = kind == "tail" and 4 * tail_n <= block_n and block_n <= BWD_MASKED_QUARTER_TAIL
+        if BWD_MASKED_WARPS and (block_n <= BWD_MASKED_MAX_BLOCK[kind] or narrow):
             per_thread, max_warps = dict.fromkeys(BWD_ELEMS_PER_THREAD, BWD_MASKED_WARPS[0]), BWD_MASKED_WARPS[1]
         elif cap and block_n <= cap[1]:
             max_warps = cap[0]
@@ -390,9 +401,10 @@ def rows_config(m: int, cols: int, elem: int, edges: bool):
 def rows_in_registers(elem: int, block_n: int, tail_n: int, edges: bool) -> bool:
     """Whether the backward rows kernel holds y and dy in registers between the sum and dx (no RELOAD)
     on tiles of ``rows_config``: everywhere where ``BWD_ROWS_CHUNK`` is None, and on rows with a tail
-    tile alone whose main tile has at least ``BWD_TAIL_REGISTERS`` columns."""
+    tile alone whose tiles cover as many columns as ``BWD_TAIL_REGISTERS`` says."""
     held = BWD_TAIL_REGISTERS[elem]
-    return BWD_ROWS_CHUNK[elem] is None or bool(held and tail_n and not edges and block_n >= held)
+    return BWD_ROWS_CHUNK[elem] is None or bool(held and tail_n and not edges and
+                                                 held[0] <= block_n + tail_n <= held[1])
 
 
 def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:

@@ -72,6 +72,14 @@ ROWS_WIDE_TAIL = {4: 0, 2: 32768}
 #: 95.4 / 98.0 / 96.9 / 98.7; bf16 8704 / 9216 / 17408 / 18432 75.9 / 76.1 / 65.3 / 67.7 while 10240 /
 #: 20480 (a vector a thread) ran 91.1 / 96.0.
 ROWS_TAIL_VECTORS = True
+#: Forward rows kernel's exponentials (``shifted_exp``): (FTZ: ex2.approx.ftz on CUDA, FMA: the exponent as
+#: one FMA). Against ``tl.exp(x - shift)`` (triton 3.6 lowers it to ex2.approx.f32, whose subnormal
+#: fix-up costs three instructions an element; its tl.exp2 is already ftz), H200, % of copy
+#: (``logs/2026-11-24-h200-s38-call6.log``): bf16 N = 4097 / 10240 / 16385 / 18000 / 19999 97.3 / 93.4 /
+#: 82.8 / 92.3 / 67.1 against 90.6 / 91.2 / 78.4 / 87.5 / 64.4, ties elsewhere from 1000 to 20480 (sm_90:
+#: 928 -> 776 instructions a thread at 19999); float32 ties (8192 97.3 against 98.8, one run). The FMA
+#: moved nothing beyond a point either way.
+ROWS_EXP = (True, False)
 #: Rows kernels, by direction: where 16-byte vectors would leave the rows' end vectors to an
 #: element-at-a-time tile (``row_edges``), move the widest narrower vector of at least this many bytes
 #: of which every row is whole instead (``whole_vector_align``; None: never). H200, % of copy, whole
@@ -408,13 +416,6 @@ def _merge_partials(PM, PS, Q, PB: tl.constexpr):
 # Kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _row_exp(x, shift):
-    """exp(x - shift) of a float32 (rows x cols) block, ``shift`` (rows,): the rows kernel's
-    exponentials, one formula for its tiles and the rows' end vectors."""
-    return tl.exp(x - shift[:, None])
-
-
-@triton.jit
 def _x_tile(X, offs, rows_o, row_ok, cols, N, stride, EVEN: tl.constexpr, EVICT: tl.constexpr, ALIGN: tl.constexpr,
             EDGES: tl.constexpr):
     """(x, body): the aligned vectors wholly inside the rows (``tile_masks``' body: all of the rows
@@ -427,7 +428,7 @@ def _x_tile(X, offs, rows_o, row_ok, cols, N, stride, EVEN: tl.constexpr, EVICT:
 def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_Y: tl.constexpr, STORE_LSE: tl.constexpr,
                          EVEN: tl.constexpr, OFFS64: tl.constexpr, LOAD_EVICT: tl.constexpr, ALIGN: tl.constexpr,
-                         EDGES: tl.constexpr, TAIL_N: tl.constexpr):
+                         EDGES: tl.constexpr, TAIL_N: tl.constexpr, FTZ: tl.constexpr, FMA: tl.constexpr):
     """BLOCK_M whole rows per program, held in registers: one read of x, one write of y.
 
     With STORE_Y, writes y and (with STORE_LSE) lse; without, only the row statistics (max -> MX, sum of
@@ -437,8 +438,9 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
     the rows, and with EDGES the rows' two end vectors go an element at a time on a tile of their own,
     ``edge_tile``, which takes part in the row's max and sum) and TAIL_N (``rows_config``: a row's
     columns [0, BLOCK_N) in the main tile, [BLOCK_N, BLOCK_N + TAIL_N) in a tail tile; 0: no tail
-    tile). (Tiles that load all of the rows (``load_inside``), with the end vectors read again only
-    for y, measured slower: bf16 N = 4097, H200: 69 against 91% of copy; a mask per element.)"""
+    tile). FTZ, FMA: the exponentials (``shifted_exp``, ``ROWS_EXP``). (Tiles that load all of the rows
+    (``load_inside``), with the end vectors read again only for y, measured slower: bf16 N = 4097, H200:
+    69 against 91% of copy; a mask per element.)"""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)[None, :]
     row_ok = rows < M
@@ -453,21 +455,23 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
     if TAIL_N > 0:
         cols_t = BLOCK_N + tl.arange(0, TAIL_N)[None, :]
         x_t, body_t = _x_tile(X, offs_x, rows_o, row_ok, cols_t, N, stride_xm, EVEN, LOAD_EVICT, ALIGN, EDGES)
-    # the row max, then the sum of exp(x - max) (shift 0 for an all -inf row: e = 0, s = 0)
+    # the row max, then the sum of exp(x - max) = c * sum(e) (``shifted_exp``; shift 0 for an all -inf
+    # row: e = 0, s = 0)
     m = tl.max(x, axis=1)
     if TAIL_N > 0:
         m = tl.maximum(m, tl.max(x_t, axis=1))
     if EDGES:
         m = tl.maximum(m, tl.max(x_e, axis=1))
     shift = tl.where(m == float("-inf"), 0.0, m)
-    e = _row_exp(x, shift)
+    e, c = shifted_exp(x, shift, FTZ, FMA)
     s = tl.sum(e, axis=1)
     if TAIL_N > 0:
-        e_t = _row_exp(x_t, shift)
+        e_t = shifted_exp(x_t, shift, FTZ, FMA)[0]
         s += tl.sum(e_t, axis=1)
     if EDGES:
-        e_e = _row_exp(x_e, shift)
+        e_e = shifted_exp(x_e, shift, FTZ, FMA)[0]
         s += tl.sum(e_e, axis=1)
+    s *= c
     if not STORE_Y:
         tl.store(MX + rows, m, mask=row_ok)
         tl.store(SX + rows, s, mask=row_ok)
@@ -475,7 +479,7 @@ def _softmax_rows_kernel(X, Y, LSE, MX, SX, M, N, stride_xm, stride_ym,
     if STORE_Y:
         if STORE_LSE:
             tl.store(LSE + rows, m + tl.log(s), mask=row_ok)
-        inv = tl.where(s > 0, 1.0 / s, 0.0)
+        inv = tl.where(s > 0, c / s, 0.0)
         offs_y = row_offsets(rows_o, stride_ym, ALIGN)
         store_tile(Y, offs_y, cols, body, e * inv[:, None], EVEN)
         if TAIL_N > 0:
@@ -947,6 +951,7 @@ def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
         STORE_LSE=lse is not None, num_warps=warps, **rows_register_cap(block_m, block_n, warps),
+        FTZ=ROWS_EXP[0] and not is_interpreter(x), FMA=ROWS_EXP[1],
         **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT,
                          align, tail_n, edges))
 
