@@ -193,14 +193,15 @@ def test_whole_vector_align(monkeypatch):
 
 
 def test_rows_register_cap_and_backward_tiles(monkeypatch):
-    """The forward rows kernel's register cap: programs of 16 warps or more whose threads hold 16 to 32
-    elements of the main tile (``ROWS_REGISTER_CAP``). The backward rows kernel: rows with end vectors
-    or a tail tile take smaller programs (``BWD_MASKED_ROWS_TILE``), and about half the warps on main
+    """The forward rows kernel's register caps: programs of 16 warps or more whose threads hold 8
+    elements (32 registers) or 16 to 32 (64) of the main tile (``ROWS_REGISTER_CAP``). The backward rows
+    kernel: rows with end vectors or a tail tile take smaller programs (``BWD_MASKED_ROWS_TILE``), and about half the warps on main
     tiles of at most 16384 columns (end vectors), 1024 (a tail tile alone) or 4096 (a tail of at most a
     quarter of it; ``BWD_MASKED_WARPS``)."""
     assert F.rows_register_cap(1, 16384, 16) == {"maxnreg": 64} == F.rows_register_cap(1, 8192, 16)
-    assert F.rows_register_cap(1, 32768, 16) == {} == F.rows_register_cap(1, 4096, 16)
-    assert F.rows_register_cap(2, 4096, 8) == {} == F.rows_register_cap(1, 16384, 16, cap=())
+    assert F.rows_register_cap(1, 32768, 16) == {} == F.rows_register_cap(1, 2048, 16)
+    assert F.rows_register_cap(1, 4096, 16) == {"maxnreg": 32}
+    assert F.rows_register_cap(2, 4096, 8) == {} == F.rows_register_cap(1, 16384, 16, caps=())
     bwd = lambda n, e, elem=2: B.rows_config(1 << 16, n, elem, e)  # noqa: E731
     assert bwd(4104, True) == (1, 4096, 8, 8) and bwd(4104, False) == (1, 4096, 8, 8)  # (a quarter tail)
     assert bwd(4104, False, 4) == (1, 8192, 0, 32)  # (float32: one tile, BWD_ONE_TILE)

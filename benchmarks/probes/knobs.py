@@ -88,6 +88,8 @@ def main():
     print("dir | dtype | N | M | variant | GB/s | % copy | vs compile | max err")
     # (one compile per N: past dynamo's default limit of 8 the peer would silently run eager)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):  # (and past it, raise)
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     peer_fwd = torch.compile(lambda x: torch.softmax(x, -1), dynamic=False)
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]

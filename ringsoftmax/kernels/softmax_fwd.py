@@ -72,14 +72,16 @@ ROWS_WIDE_TAIL = {4: 0, 2: 32768}
 #: 95.4 / 98.0 / 96.9 / 98.7; bf16 8704 / 9216 / 17408 / 18432 75.9 / 76.1 / 65.3 / 67.7 while 10240 /
 #: 20480 (a vector a thread) ran 91.1 / 96.0.
 ROWS_TAIL_VECTORS = True
-#: Forward rows kernel's exponentials (``shifted_exp``): (FTZ: ex2.approx.ftz on CUDA, FMA: the exponent as
-#: one FMA). Against ``tl.exp(x - shift)`` (triton 3.6 lowers it to ex2.approx.f32, whose subnormal
-#: fix-up costs three instructions an element; its tl.exp2 is already ftz), H200, % of copy
-#: (``logs/2026-11-24-h200-s38-call6.log``): bf16 N = 4097 / 10240 / 16385 / 18000 / 19999 97.3 / 93.4 /
-#: 82.8 / 92.3 / 67.1 against 90.6 / 91.2 / 78.4 / 87.5 / 64.4, ties elsewhere from 1000 to 20480 (sm_90:
-#: 928 -> 776 instructions a thread at 19999); float32 ties (8192 97.3 against 98.8, one run). The FMA
-#: moved nothing beyond a point either way.
-ROWS_EXP = (True, False)
+#: Forward rows kernel's exponentials (``shifted_exp``): (FTZ: ex2.approx.ftz by inline asm on CUDA, FMA:
+#: the exponent as one FMA). Even without either, 2^((x - shift) log2(e)) beats ``tl.exp(x - shift)``:
+#: triton 3.6 lowers tl.exp to ex2.approx.f32, whose subnormal fix-up costs three instructions an
+#: element, and tl.exp2 to ex2.approx.ftz. H200, % of copy (``logs/2026-11-24-h200-s38-call6.log``),
+#: plain against tl.exp: bf16 N = 4097 / 10240 / 16385 / 18000 / 19999 96.9 / 93.2 / 82.4 / 92.3 / 67.1
+#: against 90.6 / 91.2 / 78.4 / 87.5 / 64.4, ties elsewhere from 1000 to 20480 (sm_90: 928 -> 776
+#: instructions a thread at 19999); float32 ties (8192 97.1 against 98.8, one run). FTZ and FMA moved
+#: nothing beyond a point, and the inline asm takes float32 4097 / 4352 from 32 registers to 34 (three
+#: 16-warp programs a multiprocessor instead of four: 87 / 93% in ``-call10-bench.log``).
+ROWS_EXP = (False, False)
 #: Rows kernels, by direction: where 16-byte vectors would leave the rows' end vectors to an
 #: element-at-a-time tile (``row_edges``), move the widest narrower vector of at least this many bytes
 #: of which every row is whole instead (``whole_vector_align``; None: never). H200, % of copy, whole
@@ -89,13 +91,15 @@ ROWS_EXP = (True, False)
 #: (4 bytes) forward 77.4 / 69.2, backward 68.2 / 77.9 (on the masked tiles 96.1 / 89.9, ``-call8.log``:
 #: not taken, unmeasured on longer rows).
 WHOLE_VECTOR_MIN_BYTES = {"fwd": 4, "bwd": 8}
-#: Forward rows kernel: (registers, fewest, most elements): programs of 16 warps or more whose threads
-#: hold between that fewest and most elements of the main tile compile with at most that many registers
-#: a thread (ptx ``.maxnreg``, ``rows_register_cap``), so that two of them share a multiprocessor. None:
-#: no cap. H200, % of copy with and without (``logs/2026-11-24-h200-s36-call5.log``): float32 N = 16385
-#: 92.2 / 77.2 (74 registers uncapped, sm_90), 20000 96.5 / 88.9, 8192 99.3 / 97.0; at 8 elements a thread
-#: the cap cost (float32 4097: 81.5 / 92.6).
-ROWS_REGISTER_CAP = (64, 16, 32)
+#: Forward rows kernel: entries (registers, fewest, most elements): programs of 16 warps or more whose
+#: threads hold between that fewest and most elements of the main tile compile with at most that many
+#: registers a thread (ptx ``.maxnreg``, ``rows_register_cap``), so that two (64) or four (32) of them share
+#: a multiprocessor. Empty: no cap. H200, % of copy with and without (``logs/2026-11-24-h200-s36-call5.log``):
+#: float32 N = 16385 92.2 / 77.2 (74 registers uncapped, sm_90), 20000 96.5 / 88.9, 8192 99.3 / 97.0; a cap
+#: of 64 at 8 elements a thread cost (float32 4097: 81.5 / 92.6: ptxas took more than the natural 32).
+#: The entry of 32 at 8 elements: float32 4097 / 4352 / 5120 took 34 registers uncapped with ``shifted_exp``
+#: (sm_90, triton 3.6), none spills at 32.
+ROWS_REGISTER_CAP = ((32, 8, 8), (64, 16, 32))
 #: Eviction policy of the forward rows kernel's loads ("" = the default).
 ROWS_LOAD_EVICT = ""
 #: Tile elements (also the largest chunk) and elements per thread of the streaming kernels
@@ -928,16 +932,16 @@ def rows_tile_args(m: int, n: int, block_m: int, block_n: int, row_strides, load
                 OFFS64=last > 2**31 - 1, LOAD_EVICT=load_evict, ALIGN=align, EDGES=edges, TAIL_N=tail_n)
 
 
-def rows_register_cap(block_m: int, block_n: int, warps: int, cap=None) -> dict:
+def rows_register_cap(block_m: int, block_n: int, warps: int, caps=None) -> dict:
     """The launch option ``maxnreg`` of a rows kernel of ``warps`` warps on main tiles of block_m rows x
-    block_n columns, where ``cap`` (registers, fewest and most elements of the main tile a thread
-    holds; default ``ROWS_REGISTER_CAP``) applies to it: programs of at least 16 warps; else no option
-    (``{}``)."""
-    cap = ROWS_REGISTER_CAP if cap is None else cap
+    block_n columns, where an entry of ``caps`` (registers, fewest and most elements of the main tile a
+    thread holds; default ``ROWS_REGISTER_CAP``) applies to it: programs of at least 16 warps; else no
+    option (``{}``)."""
     per_thread = block_m * block_n // (32 * warps)
-    if not cap or warps < 16 or not cap[1] <= per_thread <= cap[2]:
-        return {}
-    return {"maxnreg": cap[0]}
+    for regs, fewest, most in (ROWS_REGISTER_CAP if caps is None else caps) or ():
+        if warps >= 16 and fewest <= per_thread <= most:
+            return {"maxnreg": regs}
+    return {}
 
 
 def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
