@@ -741,15 +741,18 @@ def test_bwd_persistent_shapes_gpu(m, n, poisoned):
 @pytest.mark.parametrize("dtype, n, staged", [
     (torch.bfloat16, 20001, True), (torch.bfloat16, 16385, True), (torch.bfloat16, 16400, True),
     (torch.bfloat16, 24577, True), (torch.bfloat16, 8200, False), (torch.bfloat16, 10240, False),
-    (torch.bfloat16, 24576, False), (torch.bfloat16, 32000, False), (torch.float32, 20000, True),
+    (torch.bfloat16, 24576, False), (torch.bfloat16, 32000, True), (torch.bfloat16, 30720, True),
+    (torch.bfloat16, 30704, False), (torch.bfloat16, 31000, False), (torch.float32, 32000, False),
+    (torch.float32, 20000, True),
     (torch.float32, 16400, True), (torch.float32, 16385, False), (torch.float32, 24577, False),
     (torch.float32, 30000, False), (torch.bfloat16, 32767, True), (torch.float32, 32767, True),
     (torch.bfloat16, 17000, False), (torch.bfloat16, 19500, False), (torch.float32, 17500, False)])
 def test_bwd_rows_that_try_the_staged_kernel_first_cpu(dtype, n, staged):
     """``softmax_bwd.staged_first``: masked rows on main tiles of 16384 or more (16-bit: end vectors or
     a tail tile; float32: a tail tile alone; tails only on rows of whole 16-byte vectors, N a multiple
-    of 16), and rows the rows kernel cannot hold (N = 32767 shifted to 16 bytes covers more than 32768
-    columns)."""
+    of 16), 16-bit rows of whole 16-byte vectors from 30720 columns (``BWD_STAGED_ALIGNED_MIN_N``; not
+    31000, whole 8-element vectors only), and rows the rows kernel cannot hold (N = 32767 shifted to 16
+    bytes covers more than 32768 columns)."""
     y = torch.empty(3, n, dtype=dtype)
     layout = F.rows_fit(B.BWD_ROWS_MAX_N, y, y, y, direction="bwd")
     assert (layout is None) == (n == 32767)
@@ -758,11 +761,11 @@ def test_bwd_rows_that_try_the_staged_kernel_first_cpu(dtype, n, staged):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [16400, 17500, 20000, 20001, 24577, 32765, 32767])
+@pytest.mark.parametrize("n", [16400, 17500, 20000, 20001, 24577, 32000, 32765, 32767])
 def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatch):
     """Rows under ``STAGED_MIN_N`` that the staged kernel takes, both directions: rows the rows kernel
-    cannot hold (``staged_fits``' any_length) and the backward's masked rows (``BWD_STAGED_MASKED``),
-    checked against float64; the others of these lengths stay on the rows kernel (every row of 32765
+    cannot hold (``staged_fits``' any_length), the backward's masked rows (``BWD_STAGED_MASKED``) and its
+    aligned 16-bit rows from 30720 columns (``BWD_STAGED_ALIGNED_MIN_N``), checked against float64; the others of these lengths stay on the rows kernel (every row of 32765
     and 32767 floats 16-byte shifted, so that the float32 32767 passes 32768 columns)."""
     launched = []
     launch = S.launch

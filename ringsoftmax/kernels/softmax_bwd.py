@@ -84,6 +84,14 @@ BWD_MASKED_WARPS_CAP = {4: None, 2: (16, 8192)}
 #:   17500 88.1 / 92.1 / 90.4 against 91.7 / 95.8 / 94.8, 19000 / 19500 98.0 / 94.8 against 90.6 / 89.8);
 #:   end vectors lost (16385 83.0 against 102.0).
 BWD_STAGED_MASKED = {4: (("tail",), 16384), 2: (("edges", "tail"), 16384)}
+#: Rows of whole 16-byte vectors (``row_align`` 1) of at least this many columns try the staged kernel
+#: before the rows kernel, by element size (None: none). H200, % of copy, staged (8192 by 4 warps) against
+#: the rows kernel's one tile of 32768 (``logs/2026-11-24-h200-s38-call12.log``, ``-call13.log``): bf16 N =
+#: 30720 / 32000 / 32064 / 32768 99.4 / 100.3 / 100.2 / 100.5 against 97.5 / 96.7 / 96.6 / 97.9 (torch.compile
+#: 95.8 / 99.0 / 98.4 / 99.5); shorter ones lost (26624 / 28672 94.3 / 97.6 against 99.9 / 99.5), and so did
+#: rows of whole narrower vectors (the shifted table's 4096 by 4: 31000 / 32008 / 32760 89.6 / 89.8 / 89.8
+#: against 96.5 / 96.0 / 95.5).
+BWD_STAGED_ALIGNED_MIN_N = {4: None, 2: 30720}
 #: Eviction policy of the backward rows kernel's loads of y and dy ("" = the default).
 BWD_ROWS_LOAD_EVICT = ""
 #: Backward rows kernel, by element size: None holds whole rows in registers; a number sums the rows
@@ -370,9 +378,12 @@ def masked_kind(cols: int, elem: int, edges: bool) -> tuple[int, int, str | None
 
 def staged_first(layout, elem: int) -> bool:
     """Whether rows of ``softmax_fwd.rows_fit``'s ``layout`` (None: too long for the rows kernel) try
-    the staged kernel before the rows kernel: rows past the rows kernel, and masked rows
-    (``masked_kind``) that ``BWD_STAGED_MASKED`` sends there."""
+    the staged kernel before the rows kernel: rows past the rows kernel, aligned rows of at least
+    ``BWD_STAGED_ALIGNED_MIN_N`` columns, and masked rows (``masked_kind``) that ``BWD_STAGED_MASKED``
+    sends there."""
     if layout is None:
+        return True
+    if layout[0] == 1 and (least := BWD_STAGED_ALIGNED_MIN_N.get(elem)) and layout[2] >= least:
         return True
     kinds, shortest = BWD_STAGED_MASKED.get(elem) or ((), 0)
     block_n, _, kind = masked_kind(layout[2], elem, layout[1])

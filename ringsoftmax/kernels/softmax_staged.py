@@ -176,7 +176,8 @@ except ImportError:  # pragma: no cover - older triton
 #: Rows under 32769 that the backward sends here (``softmax_bwd.staged_first``; session 37, H200,
 #: ``logs/2026-11-24-h200-s37-call2.log``): 16-bit chunks of 4096 by 4 warps, lag 1, 97.9 / 84.0 / 80.4 /
 #: 81.7% of copy at bf16 10240 / 20001 / 24577 / 32767 against 84.0 / 71.0 / 69.4 / 73.7 for 8192 by 4
-#: (32000: 98.9 against 100.5).
+#: (32000: 98.9 against 100.5). Aligned 16-bit rows from 30720 (``softmax_bwd.BWD_STAGED_ALIGNED_MIN_N``)
+#: take 8192 by 4 (session 38, ``-s38-call12.log``: 32000 100.2 against 99.1 for 4096 by 4).
 STAGED_CONFIG = {
     ("fwd", 4): [(0, (8192, 4, 3, 1, 1, False)), (262144, (8192, 4, 3, 1, 2, False)),
                  (2097153, (4096, 8, 7, 1, 5, True)), (2097153, (4096, 4, 6, 1, 4, True)),
@@ -191,7 +192,7 @@ STAGED_CONFIG = {
     ("bwd", 4): [(0, (4096, 4, 3, 2, 2, False)), (1048577, (2048, 4, 7, 1, 5, False)),
                  (1048577, (4096, 4, 7, 1, 5, True)), (2097152, (4096, 4, 7, 1, 6, True)),
                  (2359297, (4096, 4, 7, 1, 7, True))],
-    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (8192, 4, 3, 1, 1, False)),
+    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (30720, (8192, 4, 3, 1, 1, False)),
                  (65536, (4096, 4, 3, 2, 2, True)), (1048576, (8192, 4, 3, 2, 2, False)),
                  (1048576, (16384, 8, 3, 2, 2, True)),
                  (2097153, (4096, 4, 7, 1, 5, True)), (3145729, (4096, 4, 7, 1, 6, True)),
