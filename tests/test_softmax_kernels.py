@@ -320,12 +320,18 @@ def test_rows_tiles_by_length_cpu(dtype, n, direction, poisoned):
     thread (float32 1152: 1024 + 512 on 4 warps; float16 2176: 2048 + 512 on 2 warps), the float32
     backward in one tile (1280) and with rows in registers (16500, in 4-element vectors), the 16-bit
     backward on 16 warps (8320) and in registers (2304: 2048 + 256)."""
+    check_rows_by_length(3, n, dtype, direction, "cpu")
+
+
+def check_rows_by_length(m, n, dtype, direction, device):
+    """The forward (y, lse) or the backward (dx, and the row sums of y * dy) of m rows of n against
+    float64."""
     if direction == "fwd":
-        x = make_x(3, n, dtype, "cpu")
+        x = make_x(m, n, dtype, device)
         y, lse = F.softmax_fwd(x)
         check_fwd(x, y, lse, TOL[dtype])
     else:
-        y, dy = softmax_pair(2, n, dtype, "cpu")
+        y, dy = softmax_pair(m, n, dtype, device)
         check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
         assert rel_err(B.row_dot(y, dy), (y.double() * dy.double()).sum(-1)) <= 1e-5
 
@@ -340,13 +346,7 @@ def test_rows_tiles_by_length_cpu(dtype, n, direction, poisoned):
 def test_rows_tiles_by_length_gpu(dtype, n, direction, poisoned):
     """``test_rows_tiles_by_length_cpu`` at the lengths its rules were measured on (H200, session 38),
     115 rows (an odd count: a partial last program where programs hold several rows)."""
-    if direction == "fwd":
-        x = make_x(115, n, dtype, "cuda")
-        y, lse = F.softmax_fwd(x)
-        check_fwd(x, y, lse, TOL[dtype])
-    else:
-        y, dy = softmax_pair(115, n, dtype, "cuda")
-        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    check_rows_by_length(115, n, dtype, direction, "cuda")
 
 
 @cpu_only
