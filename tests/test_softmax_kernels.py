@@ -195,9 +195,9 @@ def test_whole_vector_align(monkeypatch):
 def test_rows_register_cap_and_backward_tiles(monkeypatch):
     """The forward rows kernel's register caps: programs of 16 warps or more whose threads hold 8
     elements (32 registers) or 16 to 32 (64) of the main tile (``ROWS_REGISTER_CAP``). The backward rows
-    kernel: rows with end vectors or a tail tile take smaller programs (``BWD_MASKED_ROWS_TILE``), and about half the warps on main
-    tiles of at most 16384 columns (end vectors), 1024 (a tail tile alone) or 4096 (a tail of at most a
-    quarter of it; ``BWD_MASKED_WARPS``)."""
+    kernel: rows with end vectors or a tail tile take smaller programs (``BWD_MASKED_ROWS_TILE``), and
+    about half the warps on main tiles of at most 16384 columns (end vectors), 1024 (a tail tile alone)
+    or 4096 (a tail of at most a quarter of it; ``BWD_MASKED_WARPS``)."""
     assert F.rows_register_cap(1, 16384, 16) == {"maxnreg": 64} == F.rows_register_cap(1, 8192, 16)
     assert F.rows_register_cap(1, 32768, 16) == {} == F.rows_register_cap(1, 2048, 16)
     assert F.rows_register_cap(1, 4096, 16) == {"maxnreg": 32}
@@ -765,8 +765,9 @@ def test_bwd_rows_that_try_the_staged_kernel_first_cpu(dtype, n, staged):
 def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatch):
     """Rows under ``STAGED_MIN_N`` that the staged kernel takes, both directions: rows the rows kernel
     cannot hold (``staged_fits``' any_length), the backward's masked rows (``BWD_STAGED_MASKED``) and its
-    aligned 16-bit rows from 30720 columns (``BWD_STAGED_ALIGNED_MIN_N``), checked against float64; the others of these lengths stay on the rows kernel (every row of 32765
-    and 32767 floats 16-byte shifted, so that the float32 32767 passes 32768 columns)."""
+    aligned 16-bit rows from 30720 columns (``BWD_STAGED_ALIGNED_MIN_N``), checked against float64; the
+    others of these lengths stay on the rows kernel (every row of 32765 and 32767 floats 16-byte shifted,
+    so that the float32 32767 passes 32768 columns)."""
     launched = []
     launch = S.launch
     monkeypatch.setattr(S, "launch",

@@ -106,8 +106,8 @@ BWD_ROWS_CHUNK = {4: 16384, 2: 16384}
 #: against 91.6 / 93.6 / 92.9 / 90.7 / 89.2 / 88.3 / 86.6 (torch.compile 88.5-101.2; ``-s38-call5.log``);
 #: bf16 there lost by 17-27; float32 on 8192 mixed (``-call1.log``: 9000 102.8 / 101.4, 8200 87.3 / 104.2).
 #: bf16 (``-call8.log``, with ``BWD_MASKED_QUARTER_TAIL``) 1088 / 1152 / 1280 / 1536 / 2080 / 2176 / 2304 /
-#: 2560 101.1 / 101.4 / 100.7 / 101.1 / 100.5 / 101.6 / 101.5 / 101.0 against 94.4 / 94.2 / 91.8 / 88.6 / 87.9 /
-#: 89.5 / 97.1 / 99.2 (torch.compile 80.5-95.9), but 3072 (2048 + 1024) 96.5 against 101.8, and 4352 76.9
+#: 2560 101.1 / 101.4 / 100.7 / 101.1 / 100.5 / 101.6 / 101.5 / 101.0 against 94.4 / 94.2 / 91.8 / 88.6 / 98.0 /
+#: 97.4 / 96.7 / 95.0 (torch.compile 80.5-95.9), but 3072 (2048 + 1024) 96.5 against 101.8, and 4352 76.9
 #: against 87.5 (``-call7.log``).
 BWD_TAIL_REGISTERS = {4: (16385, 20480), 2: (1025, 2560)}
 #: ``softmax_fwd.ROWS_WIDE_TAIL`` of the backward rows kernel: 16-bit rows up to 8192 columns (bf16

@@ -67,10 +67,10 @@ ROWS_WIDE_TAIL = {4: 0, 2: 32768}
 #: vector (its loads narrower than the main tile's) is widened to a vector a thread (``vector_tail``).
 #: Otherwise Triton gives the two tiles different layouts and moves the whole main tile through shared
 #: memory to the tail's and back (sm_90 TTGIR, triton 3.6: two ``convert_layout`` of the main tile).
-#: H200, % of copy, lib against one tile (``logs/2026-11-24-h200-s38-call3.log``): float32 N = 4608 /
-#: 5120 / 8704 / 9216 (tails of 1-2 elements a thread on 16 warps) 76.2 / 71.9 / 71.3 / 73.9 against
-#: 95.4 / 98.0 / 96.9 / 98.7; bf16 8704 / 9216 / 17408 / 18432 75.9 / 76.1 / 65.3 / 67.7 while 10240 /
-#: 20480 (a vector a thread) ran 91.1 / 96.0.
+#: H200, % of copy, widened against as before (``logs/2026-11-24-h200-s38-call4.log``): float32 N = 4608 /
+#: 5120 / 8704 / 9216 (tails of 1-2 elements a thread on 16 warps) 98.5 / 97.7 / 97.2 / 97.1 against 76.2 /
+#: 71.6 / 71.2 / 73.9 (one tile, ``-call3.log``: 95.4 / 98.0 / 96.9 / 98.7); bf16 17000 / 17408 / 18000 /
+#: 18432 83.6 / 87.1 / 87.5 / 89.8 against 63.4 / 64.9 / 65.7 / 67.2; no loss elsewhere from 1088 to 20480.
 ROWS_TAIL_VECTORS = True
 #: Forward rows kernel's exponentials (``shifted_exp``): (FTZ: ex2.approx.ftz by inline asm on CUDA, FMA:
 #: the exponent as one FMA). Even without either, 2^((x - shift) log2(e)) beats ``tl.exp(x - shift)``:
@@ -78,7 +78,8 @@ ROWS_TAIL_VECTORS = True
 #: element, and tl.exp2 to ex2.approx.ftz. H200, % of copy (``logs/2026-11-24-h200-s38-call6.log``),
 #: plain against tl.exp: bf16 N = 4097 / 10240 / 16385 / 18000 / 19999 96.9 / 93.2 / 82.4 / 92.3 / 67.1
 #: against 90.6 / 91.2 / 78.4 / 87.5 / 64.4, ties elsewhere from 1000 to 20480 (sm_90: 928 -> 776
-#: instructions a thread at 19999); float32 ties (8192 97.1 against 98.8, one run). FTZ and FMA moved
+#: instructions a thread at 19999); float32 ties but 8192, 97.1 against 98.8 (98.7 / 97.1 again in
+#: ``-call11.log``: 38 registers instead of 44, three 16-warp programs a multiprocessor). FTZ and FMA moved
 #: nothing beyond a point, and the inline asm takes float32 4097 / 4352 from 32 registers to 34 (three
 #: 16-warp programs a multiprocessor instead of four: 87 / 93% in ``-call10-bench.log``).
 ROWS_EXP = (False, False)
