@@ -233,7 +233,10 @@ STAGED_CONFIG_SHIFTED = {
 #: 19000 / 20000 / 20400 / 20480 78.2 / 86.9 / 91.0 / 87.7 / 87.3 / 88.8 / 92.0 / 92.5 / 96.6 against
 #: 56.6 / 61.3 / 64.6 / 58.8 / 62.0 / 69.9 / 79.8 / 78.3 / 81.9, but 18000 65.6 against 70.4 (78.2 against
 #: 70.3 in the other run), 18433 / 19999 / 20001 62.1 / 64.6 / 64.6 against 62.9 / 67.4 / 67.5; past
-#: 20480 the staged kernel (22000 82.5 against 74.8, 24577 64.7 against 56.8).
+#: 20480 the staged kernel (22000 82.5 against 74.8, 24577 64.7 against 56.8). Since session 38 (tail tiles
+#: widened to a vector a thread, exponentials as exp2) the rows kernel runs 18000 at 92.3
+#: (``-s38-call6.log``); rows of 20481-24576 stay staged (``-s38-call12.log``: 22528 87.0 staged against
+#: 81.1 on the rows kernel).
 STAGED_MIN_N = {("fwd", 4): 32769, ("fwd", 2): 20481, ("bwd", 4): 32769, ("bwd", 2): 32769}
 #: Use the staged kernel for split rows on CUDA (False: the Triton persistent / two-pass paths).
 STAGED = True
