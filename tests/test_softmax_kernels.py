@@ -866,12 +866,14 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m, n", [(300, 40001), (50, 40958), (37, 2**19 + 17), (5, 2**20 + 3), (3, 2**21 + 5)])
+@pytest.mark.parametrize("m, n", [(300, 40001), (50, 40958), (60, 100003), (9, 200003), (37, 2**19 + 17),
+                                  (5, 2**20 + 3), (3, 2**21 + 5)])
 def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     """Rows that do not start on 16 bytes, shifted (``ALIGN``): every row starts at another offset in
     16 bytes (N odd), or rows of N = 40958, which for the rows shifted least leave their last chunk
-    empty (Q counts N + ALIGN - 1 columns); the rings of ``STAGED_CONFIG_SHIFTED`` and the main
-    table's deep ones by cp.async, both directions; the outputs go into the middle of a larger
+    empty (Q counts N + ALIGN - 1 columns); the rings of ``STAGED_CONFIG_SHIFTED`` (100003: its float32
+    forward and bf16 backward chunks of 8192; 200003: its float32 backward's lag 2 in registers) and the
+    main table's deep ones by cp.async, both directions; the outputs go into the middle of a larger
     buffer whose other columns must keep their value."""
     pad = 16
 

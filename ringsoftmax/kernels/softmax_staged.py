@@ -216,12 +216,25 @@ STAGED_CONFIG = {
 #:   of 4096 (by TMA only in the main table), 91.8 / 92.6 / 92.9 / 93.4 / 80.9 at 300007 / 600011 /
 #:   1000003 / 1500007 / 2000003 against lag 1's 80.2 / 58.5 / 75.2 and the main table's 60-61 (2048 in
 #:   lag 5 at 1500007 / 2000003: 80.9 / 78.8).
+#: Session 39 (H200, ``knobs.py``, logs ``benchmarks/logs/2026-11-24-h200-s39-call3.log``, ``-call4.log``),
+#: against the entries before, on rows that fell further behind as they grew:
+#: - float32 forward, 8192 by 4 warps from 65536: 87.5 / 90.1 / 89.3 / 90.2 / 90.0 / 89.7 / 88.7 / 87.9 at
+#:   65537 / 80001 / 100003 / 120001 / 151937 / 200003 / 250007 / 262143 against 86.9 / 87.7 / 86.6 / 85.7 /
+#:   84.7 / 83.1 / 81.2 / 80.4 (50257: 86.6 against 87.9 in call 3).
+#: - float32 backward, lag 2 of 4096 with the written chunk in registers from 196608: 84.4 / 84.3 / 83.9 at
+#:   200003 / 250007 / 262143 against 83.3 / 80.3 / 77.2 (at 50257-151937 it lost 3-7 points, call 3).
+#: - bf16 backward, 8192 by 4 warps from 80000: 86.0 / 84.8 / 86.4 / 85.8 / 85.2 / 83.9 / 82.4 at 80001 /
+#:   100003 / 120001 / 151937 / 200003 / 250007 / 262143 against 83.7 / 82.5 / 81.5 / 79.7 / 77.9 / 76.2 /
+#:   74.6; it lost at 50257 / 65537 (80.6 / 82.0-82.1 against 84.1 / 82.6-82.9).
+#: - Not taken: bf16 forward chunks of 16384 (58-78 against 77-82), the bf16 backward's lag 2 of 4096 in
+#:   registers (67-69 against 76-84).
 STAGED_CONFIG_SHIFTED = {
-    ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (262144, None)],
+    ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (65536, (8192, 4, 3, 1, 1, False)), (262144, None)],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (524288, (16384, 4, 3, 1, 2, False)), (4194305, None)],
-    ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (262144, (4096, 4, 7, 1, 5, False)), (2097153, None)],
-    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (262144, (4096, 4, 4, 1, 2, False)),
-                 (1048577, (4096, 4, 7, 1, 5, False)), (2097153, None)],
+    ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (196608, (4096, 4, 3, 2, 2, False)),
+                 (262144, (4096, 4, 7, 1, 5, False)), (2097153, None)],
+    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (80000, (8192, 4, 3, 1, 1, False)),
+                 (262144, (4096, 4, 4, 1, 2, False)), (1048577, (4096, 4, 7, 1, 5, False)), (2097153, None)],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
