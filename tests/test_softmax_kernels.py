@@ -816,13 +816,27 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     assert S.slot_bytes("bwd", 2, S.staged_config("bwd", 2, 1 << 20)) > ampere  # (the case above is reached)
     for (direction, elem), entries in S.STAGED_CONFIG_SHIFTED.items():  # rows not 16-byte aligned
         shortest = [n for n, _ in entries]
-        assert shortest[0] == 0 and shortest == sorted(shortest) and entries[-1][1] is None
+        assert shortest[0] == 0 and shortest == sorted(shortest)
         for i, (n, config) in enumerate(entries):
             past = S.staged_config(direction, elem, n + 1, tma=False)
             assert S.staged_config(direction, elem, n + 1, tma=False, shifted=True) == (config or past)
             if config is not None:
                 assert config[2:5] in S.RINGS and not config[5] and S.slot_bytes(direction, elem, config) <= hopper
                 assert config[0] % (32 * config[1] * 16 // elem) == 0
+    for (direction, elem), entries in S.STAGED_CONFIG_WHOLE.items():  # rows of whole chunks, by TMA
+        assert [n for n, _ in entries] == sorted(n for n, _ in entries)
+        for (n, config), (end, _) in zip(entries, entries[1:] + [(1 << 40, None)]):
+            if config is None:
+                continue
+            assert config[2:5] in S.RINGS and S.slot_bytes(direction, elem, config) <= hopper
+            chunk = config[0]
+            whole = [k * chunk for k in range(cdiv(n, chunk), cdiv(end, chunk)) if k * chunk >= n]
+            assert whole, (direction, elem, n)  # the entry applies to some length
+            for length in whole:
+                assert S.staged_config(direction, elem, length) == config
+                assert S.staged_config(direction, elem, length, tma=False) != config   # cp.async: the main table
+                main = S.staged_config(direction, elem, length + 8)
+                assert main != config and main == [c for k, c in S.STAGED_CONFIG[direction, elem] if length + 8 >= k][-1]
     x = torch.randn(2, 1 << 16)
     assert not S.available(x)
     # a ring the table takes only with TMA loads gives way to the entry before it where rows cannot
@@ -976,6 +990,44 @@ def test_staged_deep_rings_gpu(direction, dtype, poisoned):
         if torch.cuda.get_device_capability()[0] == 9:  # TMA rows, the table's entry for them
             assert S.launch_config(direction, x, x) == want, (start, want)
         assert F.sync_failures("cuda") == 0, start
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction, dtype", [("fwd", torch.bfloat16), ("bwd", torch.float32), ("bwd", torch.bfloat16)])
+def test_staged_shifted_deep_rings_gpu(direction, dtype, poisoned, monkeypatch):
+    """Odd-length rows (not 16-byte aligned: cp.async) just past the start of each deep ring (lag >= 3)
+    of ``STAGED_CONFIG_SHIFTED`` take it and come out right through the library; rows twice as long as
+    the last one's start, past its capacity, take the held path with it (``HELD_MIN_BYTES`` lowered for
+    small M)."""
+    monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
+    elem = torch.finfo(dtype).bits // 8
+    deep = [n for n, c in S.STAGED_CONFIG_SHIFTED[direction, elem] if c is not None and c[4] >= 3]
+    assert deep
+    for n in [start + 1 + start % 2 for start in deep] + [2 * deep[-1] + 1]:
+        x = make_x(3, n, dtype, "cuda", scale=30.0)
+        a, b = (x, x) if direction == "fwd" else softmax_pair(3, n, dtype, "cuda")
+        config = S.launch_config(direction, a, b)
+        assert F.row_align(a, b) > 1 and config == S.staged_config(direction, elem, n, tma=False, shifted=True)
+        assert (H.held_width(direction, a, b, torch.empty_like(b), config) > 0) == (n > 2 * deep[-1])
+        if direction == "fwd":
+            y, lse = F.softmax_fwd(x)
+            check_fwd(x, y, lse, TOL[dtype])
+        else:
+            check_bwd(a, b, B.softmax_bwd(a, b), TOL[dtype])
+        assert F.sync_failures("cuda") == 0, n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [32768, 49152, 40960])
+def test_staged_whole_chunks_gpu(n, poisoned):
+    """bf16 rows of a whole number of 16384-element chunks take them (``STAGED_CONFIG_WHOLE``, by TMA on
+    Hopper), others of the same range the main table's 8192; right either way."""
+    x = make_x(5, n, torch.bfloat16, "cuda", scale=30.0)
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[torch.bfloat16])
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert S.launch_config("fwd", x, x)[0] == (16384 if n % 16384 == 0 else 8192)
+    assert F.sync_failures("cuda") == 0
 
 
 @pytest.mark.gpu

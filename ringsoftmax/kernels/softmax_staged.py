@@ -228,13 +228,41 @@ STAGED_CONFIG = {
 #:   74.6; it lost at 50257 / 65537 (80.6 / 82.0-82.1 against 84.1 / 82.6-82.9).
 #: - Not taken: bf16 forward chunks of 16384 (58-78 against 77-82), the bf16 backward's lag 2 of 4096 in
 #:   registers (67-69 against 76-84).
+#: Session 40 (H200, ``knobs.py``, logs ``benchmarks/logs/2026-11-24-h200-s40-call1.log``, ``-call2.log``): the
+#: main table's deep rings of lag 6 / 7, measured there by TMA only, by cp.async on long shifted rows, each
+#: from the length where the ring before it is full (its ``capacity`` on an H200), against what these rows
+#: took before (the main table's entries that cp.async can take, or the held path past their capacity):
+#: - float32 backward, lag 6 of 4096 from 2097153: 81.5 / 81.6 / 82.1 at 2200001 / 2500007 / 2650001
+#:   against 78.3 / 74.8 / 73.2 (lag 5 of 2048); lag 7 from 2703361: 79.6 / 81.7 / 71.8 at 2750003 /
+#:   3200003 / 4194305 (the held path past 3.2M) against 72.4 / 70.1 / 66.4 (lag 6 there: 77.7 / 73.9 / 69.1).
+#: - bf16 backward, lag 6 of 4096 from 4325377: 80.6 at 5000011 against 67.0; lag 7 from 5406721: 77.0 /
+#:   76.9 at 5500007 / 6400013 against 63.0 / 58.6 (lag 6 75.6 / 66.8). Lag 5 stays to its capacity (79.9
+#:   at 3600001 against 78.4 for lag 6).
+#: - bf16 forward, lag 5 of 8192 from 5767169: 78.9 at 6000011 against 70.8 for the main table's lag 3 (at
+#:   5500007 lag 3 81.5 against 78.9); lag 6 from 8650753: 69.7 / 69.1 at 8700007 / 9000011 against 54.2 /
+#:   54.0; lag 7 from 10813441: 66.0 / 66.4 at 11000027 / 12500003 against 54.4 / 54.2.
+#: - Not taken: float32 forward lag 5-7 of 8192 by cp.async (-1.3 to -3.1 points at 3M-6M; lag 7 25-40%).
 STAGED_CONFIG_SHIFTED = {
     ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (65536, (8192, 4, 3, 1, 1, False)), (262144, None)],
-    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (524288, (16384, 4, 3, 1, 2, False)), (4194305, None)],
+    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (524288, (16384, 4, 3, 1, 2, False)), (4194305, None),
+                 (5767169, (8192, 4, 7, 1, 5, False)), (8650753, (8192, 4, 7, 1, 6, False)),
+                 (10813441, (8192, 4, 7, 1, 7, False))],
     ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (196608, (4096, 4, 3, 2, 2, False)),
-                 (262144, (4096, 4, 7, 1, 5, False)), (2097153, None)],
+                 (262144, (4096, 4, 7, 1, 5, False)), (2097153, (4096, 4, 7, 1, 6, False)),
+                 (2703361, (4096, 4, 7, 1, 7, False))],
     ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (80000, (8192, 4, 3, 1, 1, False)),
-                 (262144, (4096, 4, 4, 1, 2, False)), (1048577, (4096, 4, 7, 1, 5, False)), (2097153, None)],
+                 (262144, (4096, 4, 4, 1, 2, False)), (1048577, (4096, 4, 7, 1, 5, False)),
+                 (4325377, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
+}
+#: Configs for rows of a whole number of their chunks, where TMA loads them, in place of the main
+#: table's entry: entries as in ``STAGED_CONFIG_SHIFTED`` (None: the main table's from that length on),
+#: each taken only where its chunk divides N. A ragged last chunk costs the 16-bit forward's chunks of
+#: 16384 a step: session 40 (H200, ``knobs.py``, 3-5 rounds, logs ``-s40-call1.log``, ``-call2.log``), bf16
+#: forward 16384 by 4 warps against the table's 8192 by 4 at 32768 / 49152: 93.0-93.5 / 92.8-93.3% of copy
+#: against 88.6-89.4 / 88.1-88.8, but 85.8-86.0 against 88.5-88.9 at 32000, 62-86 against 85-89 at
+#: other lengths of 20K-64K.
+STAGED_CONFIG_WHOLE = {
+    ("fwd", 2): [(20481, (16384, 4, 3, 1, 1, True)), (65536, None)],
 }
 #: Shortest rows that take the staged kernel; shorter ones stay whole in registers (the rows
 #: kernels), which measured faster there: fp32 forward 97% of copy at 32K against 87% staged,
@@ -1239,17 +1267,27 @@ def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_share
     """The table's config for rows of ``n`` elements of ``elem`` bytes (see ``STAGED_CONFIG``);
     without ``tma`` (rows that cannot take TMA loads), entries that are ``tma_only`` are passed over,
     and so are entries whose slots need more than ``max_shared`` bytes (a block's shared memory on
-    the device; None: no limit). ``shifted``: rows not 16-byte aligned, which take
+    the device; None: no limit). With ``tma``, rows of a whole number of chunks take
+    ``STAGED_CONFIG_WHOLE``'s entry where it has one; ``shifted``: rows not 16-byte aligned, which take
     ``STAGED_CONFIG_SHIFTED``'s entry where it has one."""
     def fits(config):
         return max_shared is None or slot_bytes(direction, elem, config) <= max_shared
 
-    if shifted:
-        own = [config for shortest, config in STAGED_CONFIG_SHIFTED.get((direction, elem), ()) if n >= shortest]
-        if own and own[-1] is not None and fits(own[-1]):
-            return own[-1]
+    whole = _entry(STAGED_CONFIG_WHOLE, direction, elem, n) if tma else None
+    if whole is not None and n % whole[0] == 0 and fits(whole):
+        return whole
+    own = _entry(STAGED_CONFIG_SHIFTED, direction, elem, n) if shifted else None
+    if own is not None and fits(own):
+        return own
     return [config for shortest, config in STAGED_CONFIG[(direction, elem)]
             if n >= shortest and (tma or not tma_only(direction, elem, config)) and fits(config)][-1]
+
+
+def _entry(table: dict, direction: str, elem: int, n: int):
+    """The config of ``table``'s last entry (shortest row, config) for (direction, elem) that rows of
+    ``n`` elements reach; None where there is none or it is None."""
+    reached = [config for shortest, config in table.get((direction, elem), ()) if n >= shortest]
+    return reached[-1] if reached else None
 
 
 def slot_bytes(direction: str, elem: int, config) -> int:
