@@ -1470,11 +1470,11 @@ def _check_held_split(direction, dtype, n, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction, dtype, n", [("fwd", torch.float32, 7 * 2**20),
                                                   ("fwd", torch.bfloat16, 9 * 2**20 + 16),
-                                                  ("bwd", torch.float32, 3 * 2**20 + 5)])
+                                                  ("bwd", torch.float32, 7 * 2**19 + 5)])
 def test_held_split_past_capacity_gpu(direction, dtype, n, poisoned, monkeypatch):
     """Rows just past what the GPU's shared memory holds, by the held path (on for every key): float32
     forward past the lag-7 ring's 6.5M (132 multiprocessors), 16-bit rows without TMA (N % 32 != 0)
-    past the lag-5 ring's 8.65M, float32 backward without TMA (N odd) past 2.16M."""
+    past the lag-5 ring's 8.65M, float32 backward without TMA (N odd) past its lag-7 ring's 3.24M."""
     monkeypatch.setattr(H, "HELD_MIN_SHARE", dict.fromkeys(H.HELD_MIN_SHARE, 0.1))
     monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
     a, b, out, lse = _held_case(direction, 4, n, dtype)
