@@ -241,9 +241,15 @@ STAGED_CONFIG = {
 #: - bf16 forward, lag 5 of 8192 from 5767169: 78.9 at 6000011 against 70.8 for the main table's lag 3 (at
 #:   5500007 lag 3 81.5 against 78.9); lag 6 from 8650753: 69.7 / 69.1 at 8700007 / 9000011 against 54.2 /
 #:   54.0; lag 7 from 10813441: 66.0 / 66.4 at 11000027 / 12500003 against 54.4 / 54.2.
-#: - Not taken: float32 forward lag 5-7 of 8192 by cp.async (-1.3 to -3.1 points at 3M-6M; lag 7 25-40%).
+#: - float32 forward (``-call4.log``), lag 6 of 4096 by 4 warps from 4194305: 80.9 at 4194305 against 77.8 for
+#:   the main table's lag 5 of 4096 by 8 (80.2 / 79.4 at 3000017); lag 7 from 5406721: 80.0 at 6000011
+#:   against 69.1 (lag 6 70.8).
+#: - Not taken: float32 forward lag 5-7 of 8192 by cp.async (-1.3 to -3.1 points at 3M-6M; lag 7 25-40%),
+#:   lag 4 of 4096 in 6 slots (65-68 at 3M-6M); bf16 backward lag 5 of 8192, lag 4 / 6 of 4096 in place
+#:   of lag 5 at 1.5M-3.6M (62-82 against 79-84).
 STAGED_CONFIG_SHIFTED = {
-    ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (65536, (8192, 4, 3, 1, 1, False)), (262144, None)],
+    ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (65536, (8192, 4, 3, 1, 1, False)), (262144, None),
+                 (4194305, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (524288, (16384, 4, 3, 1, 2, False)), (4194305, None),
                  (5767169, (8192, 4, 7, 1, 5, False)), (8650753, (8192, 4, 7, 1, 6, False)),
                  (10813441, (8192, 4, 7, 1, 7, False))],
