@@ -244,7 +244,7 @@ STAGED_CONFIG = {
 #: - float32 forward (``-call4.log``), lag 6 of 4096 by 4 warps from 4194305: 80.9 at 4194305 against 77.8 for
 #:   the main table's lag 5 of 4096 by 8 (80.2 / 79.4 at 3000017); lag 7 from 5406721: 80.0 at 6000011
 #:   against 69.1 (lag 6 70.8).
-#: - Not taken: float32 forward lag 5-7 of 8192 by cp.async (-1.3 to -3.1 points at 3M-6M; lag 7 25-40%),
+#: - Not taken: float32 forward lag 5 / 6 of 8192 by cp.async (-0.7 to -5.5 points at 3M-6M), lag 7 (25-40%),
 #:   lag 4 of 4096 in 6 slots (65-68 at 3M-6M); bf16 backward lag 5 of 8192, lag 4 / 6 of 4096 in place
 #:   of lag 5 at 1.5M-3.6M (62-82 against 79-84).
 STAGED_CONFIG_SHIFTED = {
