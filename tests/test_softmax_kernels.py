@@ -813,6 +813,7 @@ def test_staged_table_fits_and_checks_its_config_cpu():
             else:
                 assert small == config
             assert chunk % (32 * warps * 16 // elem) == 0  # whole 16-byte vectors per thread
+            assert S.sub_tile(chunk) == chunk  # (the main table's chunks are powers of two)
     assert S.slot_bytes("bwd", 2, S.staged_config("bwd", 2, 1 << 20)) > ampere  # (the case above is reached)
     for (direction, elem), entries in S.STAGED_CONFIG_SHIFTED.items():  # rows not 16-byte aligned
         shortest = [n for n, _ in entries]
@@ -823,6 +824,9 @@ def test_staged_table_fits_and_checks_its_config_cpu():
             if config is not None:
                 assert config[2:5] in S.RINGS and not config[5] and S.slot_bytes(direction, elem, config) <= hopper
                 assert config[0] % (32 * config[1] * 16 // elem) == 0
+                assert S.sub_tile(config[0]) >= 32 * config[1] * 16 // elem  # a sub-tile: 16 bytes a thread
+                if S.sub_tile(config[0]) < config[0]:  # sub-tiles wait in their slots
+                    assert config[2] in (3, config[4] + 2) and config[3] == 1
     for (direction, elem), entries in S.STAGED_CONFIG_WHOLE.items():  # rows of whole chunks, by TMA
         assert [n for n, _ in entries] == sorted(n for n, _ in entries)
         for (n, config), (end, _) in zip(entries, entries[1:] + [(1 << 40, None)]):
@@ -849,6 +853,11 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     for ring in ((2, 1, 1), (4, 2, 1), (3, 1, 0), (3, 2, 1), (4, 2, 2), (4, 1, 1), (9, 1, 7), (6, 2, 3)):
         with pytest.raises(ValueError, match="STAGES, AHEAD, LAG"):
             S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (8192, 4, *ring, False))
+    # chunks: a power of two of at least 16 bytes a thread, or a multiple of one
+    assert [S.sub_tile(c) for c in (8192, 6144, 4608, 10240, 13312)] == [8192, 2048, 512, 2048, 1024]
+    for chunk, warps in ((6000, 4), (1536, 8), (256, 4), (0, 4)):
+        with pytest.raises(ValueError, match="multiple of a power of two"):
+            S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (chunk, warps, 3, 1, 1, False))
 
 
 @pytest.mark.gpu
@@ -912,6 +921,31 @@ def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     assert S.launch("bwd", yy, dy, dx, None)
     check_bwd(yy, dy, dx.contiguous(), TOL[dtype])
     assert kept(big)
+    assert F.sync_failures("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("m, n", [(40, 30848), (40, 30821), (7, 61447), (300, 12289)])
+def test_staged_sub_tiles_gpu(m, n, dtype, tma, poisoned):
+    """Chunks that are not a power of two, several sub-tiles each (``sub_tile``), in the rings that keep
+    chunks in their slots (lag 1 in 3 slots, lag 2 in 4, lag 3 in 5), both directions, by cp.async or
+    TMA where the rows take it: aligned rows (30848), rows not 16-byte aligned (odd N), last chunks with
+    sub-tiles wholly past the row's end (30848 and 30821 in chunks of 5 sub-tiles: the last holds 128 and
+    101 columns), rows of one chunk or two, -inf entries and an all -inf row."""
+    vec = 128 // torch.finfo(dtype).bits * 32 * 4  # elements of a 16-byte vector a thread over 4 warps
+    x = make_x(m, n, dtype, "cuda", scale=30.0)
+    y, dy = softmax_pair(m, n, dtype, "cuda")
+    for chunk, stages, lag in ((5 * 2 * vec, 3, 1), (3 * vec, 4, 2), (5 * vec, 5, 3)):
+        assert S.sub_tile(chunk) < chunk
+        config = (chunk, 4, stages, 1, lag, tma)
+        out, lse = torch.empty_like(x), torch.empty(m, device="cuda")
+        assert S.launch("fwd", x, x, out, lse, config)
+        check_fwd(x, out, lse, TOL[dtype])
+        dx = torch.empty_like(dy)
+        assert S.launch("bwd", y, dy, dx, None, config)
+        check_bwd(y, dy, dx, TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 

@@ -30,6 +30,11 @@ before they write a unit of it and take the row's statistic back through shared 
 of the words are still pending then, the partition waits for them or, per config, leaves that row
 to the steps, which read and merge it themselves at the write.
 
+A chunk whose length is not a power of two (``sub_tile``) is KSUB sub-tiles of SUB elements, a power of
+two: a slot holds KSUB of them, and the chunk is copied, reduced and written a sub-tile at a time (its
+row statistic is still one partial word per chunk). Rows then get chunks between the powers of two,
+which fill their last chunk better or fit more programs (``STAGED_CONFIG_SHIFTED``).
+
 Work: M * Q units, unit u being chunk u % Q of row u // Q, one per program and step. Grid: the
 programs the GPU holds at once (the waits assume they all run together: the launcher sizes the grid
 from the compiled kernel's occupancy). Where rows have few chunks (``grid_plan``), every program
@@ -77,7 +82,9 @@ except ImportError:  # pragma: no cover - older triton
 #: Configurations, by direction and element size (the larger of y and dy backward), each a list of
 #: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
 #: Config: (chunk elements per program, num_warps, shared-memory slots, rows loaded ahead, rows of
-#: lag, loads by TMA); the ring is one of ``RINGS``. Chosen on
+#: lag, loads by TMA); the ring is one of ``RINGS``. A chunk that is not a power of two is KSUB sub-tiles
+#: of the largest power of two that divides it (``sub_tile``; at least 16 bytes a thread), copied,
+#: reduced and written one after another (rings whose chunks wait in their slots only). Chosen on
 #: an H200 from benchmarks/probes/softmax_staged.py (.notes/softmax.md): 3 slots (2 programs per
 #: multiprocessor at 32 KB per slot) beat 4 slots with a lag of 2 by 20-30 points (session 5); 16-bit
 #: forward chunks of 16K against 8K: +0.5-1 point at 64K-1M, +2 at 2M, +5 at 4M (session 6); TMA
@@ -247,18 +254,34 @@ STAGED_CONFIG = {
 #: - Not taken: float32 forward lag 5 / 6 of 8192 by cp.async (-0.7 to -5.5 points at 3M-6M), lag 7 (25-40%),
 #:   lag 4 of 4096 in 6 slots (65-68 at 3M-6M); bf16 backward lag 5 of 8192, lag 4 / 6 of 4096 in place
 #:   of lag 5 at 1.5M-3.6M (62-82 against 79-84).
+#: Session 41 (H200, ``benchmarks/probes/softmax_staged.py --configs``, log
+#: ``benchmarks/logs/2026-11-24-h200-s41-call2.log``): chunks that are not a power of two (``sub_tile``), in
+#: the lag-1 ring, against the entries before:
+#: - float32 backward, 4608 (9 sub-tiles of 512; still two programs per multiprocessor) from 32769: 89.6 /
+#:   89.8 / 90.1 / 88.0 / 87.5 at 33001 / 40001 / 50257 / 65537 / 80001 against 82.1 / 84.8 / 84.2 / 83.9 /
+#:   85.4 for 4096 (100003, call 1: 87.0 against 85.1); at 120001-262143 it lost 0.4-1.6.
+#: - bf16 backward, 6144 (3 of 2048, three programs instead of four) from 32769: 87.2 / 87.8 / 86.6 / 88.0 /
+#:   86.4 / 87.2 at 33001 / 40001 / 50257 / 65537 / 80001 / 120001 against 84.0 / 86.0 / 84.8 / 83.1 / 84.3
+#:   (4096) and 85.8 / 86.4 (8192 from 80000); at 151937-262143 within a point of 8192, which stays there.
+#: - float32 forward, 6144 (3 of 2048) from 32769: 89.9 / 89.3 / 89.4 at 40001 / 50257 / 65537 against 88.7 /
+#:   87.5 / 87.4 (4096, and 8192 at 65537); 89.1 against 90.0 for 8192 at 80001.
+#: - Not taken: the bf16 forward (its two reads of a chunk's sub-tiles, max then exponentials, cost more than
+#:   its fuller chunks gain: 10240 80.1 against 77.1 at 50257, but 75.7 against 78.0 at 65537); the bf16
+#:   backward's lag 2 in 4 slots of 5120 / 6144 (78-87 against 87 for 4096 at 300007 / 600011).
 STAGED_CONFIG_SHIFTED = {
-    ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (65536, (8192, 4, 3, 1, 1, False)), (262144, None),
+    ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
+                 (73728, (8192, 4, 3, 1, 1, False)), (262144, None),
                  (4194305, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (524288, (16384, 4, 3, 1, 2, False)), (4194305, None),
                  (5767169, (8192, 4, 7, 1, 5, False)), (8650753, (8192, 4, 7, 1, 6, False)),
                  (10813441, (8192, 4, 7, 1, 7, False))],
-    ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (196608, (4096, 4, 3, 2, 2, False)),
+    ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (4608, 4, 3, 1, 1, False)),
+                 (110000, (4096, 4, 3, 1, 1, False)), (196608, (4096, 4, 3, 2, 2, False)),
                  (262144, (4096, 4, 7, 1, 5, False)), (2097153, (4096, 4, 7, 1, 6, False)),
                  (2703361, (4096, 4, 7, 1, 7, False))],
-    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (80000, (8192, 4, 3, 1, 1, False)),
-                 (262144, (4096, 4, 4, 1, 2, False)), (1048577, (4096, 4, 7, 1, 5, False)),
-                 (4325377, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
+    ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
+                 (151937, (8192, 4, 3, 1, 1, False)), (262144, (4096, 4, 4, 1, 2, False)),
+                 (1048577, (4096, 4, 7, 1, 5, False)), (4325377, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
 }
 #: Configs for rows of a whole number of their chunks, where TMA loads them, in place of the main
 #: table's entry: entries as in ``STAGED_CONFIG_SHIFTED`` (None: the main table's from that length on),
@@ -440,30 +463,40 @@ if gluon is not None:
 
     @gluon.jit
     def _issue(A, B, DA, DB, ring_a, ring_b, bars, i, row, q, N, stride_a, stride_b, offs,
-               BWD: gl.constexpr, EVICT: gl.constexpr, TMA: gl.constexpr, ALIGN: gl.constexpr):
-        """Start the copies of chunk ``q`` of ``row`` (elements ``offs`` from its start, ``_row_start``)
-        into ring slot ``i``: cp.async (counted by the thread's commit groups) or, ``TMA``, one bulk copy
-        per input completing on ``bars[i]``."""
+               BWD: gl.constexpr, EVICT: gl.constexpr, TMA: gl.constexpr, ALIGN: gl.constexpr,
+               CHUNK: gl.constexpr):
+        """Start the copies of chunk ``q`` of ``row`` into ring slot ``i``: its CHUNK / SUB sub-tiles of
+        SUB = ``offs.shape[0]`` elements (``offs`` from the sub-tile's start; the chunk's from the row's,
+        ``_row_start``) into the ring's entries i * KSUB + j (``sub_tile``); cp.async (counted by the
+        thread's commit groups) or, ``TMA``, one bulk copy per input and sub-tile, all completing on
+        ``bars[i]``."""
+        SUB: gl.constexpr = offs.shape[0]
+        KSUB: gl.constexpr = CHUNK // SUB
         if TMA:
             if BWD:
-                mbarrier.expect(bars.index(i), DA.block_type.nbytes + DB.block_type.nbytes)
+                mbarrier.expect(bars.index(i), KSUB * (DA.block_type.nbytes + DB.block_type.nbytes))
             else:
-                mbarrier.expect(bars.index(i), DA.block_type.nbytes)
-            rows_per_chunk: gl.constexpr = DA.block_type.shape[1]
-            _tma_load(DA, [row, q * rows_per_chunk, 0], bars.index(i), _box(ring_a.index(i)))
-            if BWD:
-                _tma_load(DB, [row, q * rows_per_chunk, 0], bars.index(i), _box(ring_b.index(i)))
+                mbarrier.expect(bars.index(i), KSUB * DA.block_type.nbytes)
+            rows_per_sub: gl.constexpr = DA.block_type.shape[1]
+            for j in gl.static_range(KSUB):
+                _tma_load(DA, [row, (q * KSUB + j) * rows_per_sub, 0], bars.index(i), _box(ring_a.index(i * KSUB + j)))
+                if BWD:
+                    _tma_load(DB, [row, (q * KSUB + j) * rows_per_sub, 0], bars.index(i),
+                              _box(ring_b.index(i * KSUB + j)))
         else:
             base_a, h = _row_start(row, stride_a, ALIGN)
-            start = q.to(gl.int64) * offs.shape[0]
+            if BWD:
+                base_b, _ = _row_start(row, stride_b, ALIGN)
             end = N + h
             if ALIGN > 1:  # whole aligned vectors: the row's last one too
                 end = (end + ALIGN - 1) // ALIGN * ALIGN
-            ok = offs < (end - start).to(gl.int32)
-            _cp_async(_flat(ring_a.index(i)), A + base_a + start + offs, mask=ok, eviction_policy=EVICT)
-            if BWD:
-                base_b, _ = _row_start(row, stride_b, ALIGN)
-                _cp_async(_flat(ring_b.index(i)), B + base_b + start + offs, mask=ok, eviction_policy=EVICT)
+            for j in gl.static_range(KSUB):
+                start = q.to(gl.int64) * CHUNK + j * SUB
+                ok = offs < (end - start).to(gl.int32)
+                _cp_async(_flat(ring_a.index(i * KSUB + j)), A + base_a + start + offs, mask=ok, eviction_policy=EVICT)
+                if BWD:
+                    _cp_async(_flat(ring_b.index(i * KSUB + j)), B + base_b + start + offs, mask=ok,
+                              eviction_policy=EVICT)
 
     @gluon.jit
     def _claim_start(P, M, Q, lanes):
@@ -482,28 +515,31 @@ if gluon is not None:
 
     @gluon.jit
     def _load_unit(ring_a, ring_b, i, row, q, N, stride_a, offs, BWD: gl.constexpr, layout: gl.constexpr,
-                   ALIGN: gl.constexpr):
-        """Chunk ``q`` of ``row`` (landed in ring slot ``i``) in registers, in the inputs' dtypes: (a, b),
-        b = a forward. Outside the row (past its end; with ALIGN > 1 also the neighbours' elements of
-        its end vectors, ``_row_start``) the forward reads -inf, the backward 0 (rewritten in the slot,
-        where the write reads the chunk again)."""
+                   ALIGN: gl.constexpr, CHUNK: gl.constexpr, j: gl.constexpr = 0):
+        """Sub-tile ``j`` of chunk ``q`` of ``row`` (landed in ring slot ``i``; ``_issue``) in registers, in
+        the inputs' dtypes: (a, b), b = a forward. Outside the row (past its end; with ALIGN > 1 also the
+        neighbours' elements of its end vectors, ``_row_start``) the forward reads -inf, the backward 0
+        (rewritten in the slot, where the write reads the chunk again)."""
+        SUB: gl.constexpr = offs.shape[0]
+        KSUB: gl.constexpr = CHUNK // SUB
         _, h = _row_start(row, stride_a, ALIGN)
-        first = h - q * offs.shape[0]  # the chunk's elements first ... end - 1 are the row's
-        end = N + h - q.to(gl.int64) * offs.shape[0]
+        start = q.to(gl.int64) * CHUNK + j * SUB
+        first = (h - start).to(gl.int32)  # the sub-tile's elements first ... end - 1 are the row's
+        end = N + h - start
         if (not BWD) or (ALIGN > 1):  # (the backward's tail was copied as zeros)
-            if (first > 0) | (end < offs.shape[0]):
+            if (first > 0) | (end < SUB):
                 ok = (offs >= first) & (offs < end.to(gl.int32))
-                slot = _flat(ring_a.index(i))
+                slot = _flat(ring_a.index(i * KSUB + j))
                 if BWD:
                     slot.store(gl.where(ok, slot.load(layout), 0.0))
-                    slot = _flat(ring_b.index(i))
+                    slot = _flat(ring_b.index(i * KSUB + j))
                     slot.store(gl.where(ok, slot.load(layout), 0.0))
                 else:
                     slot.store(gl.where(ok, slot.load(layout), float("-inf")))
-        a = _flat(ring_a.index(i)).load(layout)
+        a = _flat(ring_a.index(i * KSUB + j)).load(layout)
         b = a
         if BWD:
-            b = _flat(ring_b.index(i)).load(layout)
+            b = _flat(ring_b.index(i * KSUB + j)).load(layout)
         return a, b
 
     @gluon.jit
@@ -514,11 +550,39 @@ if gluon is not None:
 
     @gluon.jit
     def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, stride_a, offs, BWD: gl.constexpr, layout: gl.constexpr,
-                     ALIGN: gl.constexpr):
+                     ALIGN: gl.constexpr, CHUNK: gl.constexpr):
         """Reduce chunk ``q`` of ``row`` (landed in ring slot ``i``) to its partial and publish it as
-        its word."""
-        a, b = _load_unit(ring_a, ring_b, i, row, q, N, stride_a, offs, BWD, layout, ALIGN)
-        _publish(P, row, q, Q, a, b, BWD)
+        its word. A chunk of several sub-tiles (KSUB > 1) is reduced a sub-tile at a time, into
+        per-element accumulators and then across the CTA once (the forward reads its sub-tiles twice:
+        their max, then the sum of exponentials); sub-tiles wholly past the row's end are skipped."""
+        SUB: gl.constexpr = offs.shape[0]
+        KSUB: gl.constexpr = CHUNK // SUB
+        if KSUB == 1:
+            a, b = _load_unit(ring_a, ring_b, i, row, q, N, stride_a, offs, BWD, layout, ALIGN, CHUNK)
+            _publish(P, row, q, Q, a, b, BWD)
+        else:
+            _, h = _row_start(row, stride_a, ALIGN)
+            end = N + h - q.to(gl.int64) * CHUNK  # the chunk's elements before end are in the row
+            if BWD:
+                acc = gl.zeros([SUB], gl.float32, layout)
+                for j in gl.static_range(KSUB):
+                    a, b = _load_unit(ring_a, ring_b, i, row, q, N, stride_a, offs, BWD, layout, ALIGN, CHUNK, j)
+                    acc += a.to(gl.float32) * b.to(gl.float32)
+                cm = gl.sum(acc, axis=0)
+                cs = gl.to_tensor(1.0)
+            else:
+                top = gl.full([SUB], float("-inf"), gl.float32, layout)
+                for j in gl.static_range(KSUB):
+                    a, a_again = _load_unit(ring_a, ring_b, i, row, q, N, stride_a, offs, BWD, layout, ALIGN, CHUNK, j)
+                    top = gl.maximum(top, a.to(gl.float32))
+                cm = gl.max(top, axis=0)
+                shift = gl.where(cm == float("-inf"), 0.0, cm)
+                acc = gl.zeros([SUB], gl.float32, layout)
+                for j in gl.static_range(KSUB):  # (outside the row: -inf, rewritten by _load_unit)
+                    a = _flat(ring_a.index(i * KSUB + j)).load(layout).to(gl.float32)
+                    acc += _exp_over(a, shift, None, False)
+                cs = gl.sum(acc, axis=0)
+            gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
 
     @gluon.jit
     def _pending(DEEP: gl.constexpr, fifo_row, old_row, prev_row, cur_row, M):
@@ -738,6 +802,19 @@ if gluon is not None:
                  eviction_policy=EVICT)
 
     @gluon.jit
+    def _store_sub(OUT, o, a, b, m, s, offs, first, end, BWD: gl.constexpr, FOLD: gl.constexpr, EVICT: gl.constexpr,
+                   ALIGN: gl.constexpr):
+        """Store the outputs (``_output``) of one sub-tile of float32 inputs a, b of a row with statistic
+        (m, s) at OUT + o + offs, where its columns first ... end - 1 are the row's (int32): all of those,
+        or, ALIGN > 1, the vectors wholly inside the row (``_body``; ``_write_ends`` writes the rest)."""
+        out = _output(a, b, m, s, BWD, FOLD).to(OUT.dtype.element_ty)
+        if ALIGN > 1:
+            ok = _body(offs, first, end, ALIGN)
+        else:
+            ok = offs < end
+        gl.store(OUT + o + offs, out, mask=ok, eviction_policy=EVICT)
+
+    @gluon.jit
     def _chunk_stat(a, b, BWD: gl.constexpr):
         """(stat, aux) of one float32 chunk: forward (max, sum of exp(a - max)); backward (dot, 1).
 
@@ -849,7 +926,11 @@ if gluon is not None:
                          "the rings are 3 slots, 1 ahead, lag 1; 3 slots, 2 ahead, lag 2 (in registers); "
                          "LAG + 2 slots, or LAG + 1 and one chunk in registers, or LAG (>= 3) and two, 1 ahead, "
                          "lag 2..8")
-        # the ring: STAGES slots of (R, W) = one chunk each, row-major (no swizzle) in both layouts
+        # the ring: STAGES slots of KSUB sub-tiles (R, W) each, SUB = R * W elements (the largest power of
+        # two that divides CHUNK), row-major (no swizzle) in both layouts; slot i's sub-tile j is entry
+        # i * KSUB + j
+        SUB: gl.constexpr = CHUNK & (-CHUNK)
+        KSUB: gl.constexpr = CHUNK // SUB
         if TMA_LOAD:
             W: gl.constexpr = TMA_W
             shared_a: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0,
@@ -859,12 +940,12 @@ if gluon is not None:
                                                           element_bitwidth=B.dtype.element_ty.primitive_bitwidth,
                                                           rank=2)
         else:
-            W: gl.constexpr = CHUNK
+            W: gl.constexpr = SUB
             shared_a: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             shared_b: gl.constexpr = shared_a
-        ring_a = gl.allocate_shared_memory(A.dtype.element_ty, [STAGES, CHUNK // W, W], shared_a)
+        ring_a = gl.allocate_shared_memory(A.dtype.element_ty, [STAGES * KSUB, SUB // W, W], shared_a)
         if BWD:
-            ring_b = gl.allocate_shared_memory(B.dtype.element_ty, [STAGES, CHUNK // W, W], shared_b)
+            ring_b = gl.allocate_shared_memory(B.dtype.element_ty, [STAGES * KSUB, SUB // W, W], shared_b)
         else:
             ring_b = ring_a
         if TMA_LOAD:  # one barrier per slot: its copies have landed
@@ -912,7 +993,9 @@ if gluon is not None:
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        offs = gl.arange(0, CHUNK, layout)
+        SUB: gl.constexpr = CHUNK & (-CHUNK)  # a chunk's sub-tiles (``_issue``): KSUB of SUB elements
+        KSUB: gl.constexpr = CHUNK // SUB
+        offs = gl.arange(0, SUB, layout)
         LAG2: gl.constexpr = LAG == 2
         AHEAD2: gl.constexpr = AHEAD == 2
         HOLD: gl.constexpr = LAG2 and (STAGES == 3) and AHEAD2  # the waiting chunks are held in registers
@@ -923,6 +1006,8 @@ if gluon is not None:
         # lag L in L slots: the unit written at step t + 1 leaves its slot at the end of step t - 1 too
         # (next_a, next_b; at the end of step t it becomes old_a, old_b): two chunks in registers
         HOLD2: gl.constexpr = HOLD_OLD and (STAGES == LAG)
+        gl.static_assert((KSUB == 1) | ((not HOLD) & (not HOLD_OLD)),
+                         "chunks of several sub-tiles (CHUNK not a power of two) wait in their slots only")
         # the fallback's reads of a row (``_row_from_global``): a vector per thread at a time, but whole
         # chunks in aligned rings that hold chunks in registers. (Session 35, H200, bf16 forward: vectors
         # ran 80.9% of copy at 1000448, lag 2 in 4 slots, against 75.3 by chunks, but 89.8 against 93.4
@@ -950,7 +1035,7 @@ if gluon is not None:
         prev_q = 0
         if cur_row < M:
             _issue(A, B, DA, DB, ring_a, ring_b, bars, 0, cur_row, cur_q, N, stride_a, stride_b, offs, BWD,
-                   LOAD_EVICT, TMA_LOAD, ALIGN)
+                   LOAD_EVICT, TMA_LOAD, ALIGN, CHUNK)
         if not TMA_LOAD:
             async_copy.commit_group()
         # LAG 2: the unit written now (prev waits for its step, in its slot or, HOLD, in registers:
@@ -962,7 +1047,7 @@ if gluon is not None:
         if AHEAD2:
             if nxt_row < M:
                 _issue(A, B, DA, DB, ring_a, ring_b, bars, 1, nxt_row, nxt_q, N, stride_a, stride_b, offs, BWD,
-                       LOAD_EVICT, TMA_LOAD, ALIGN)
+                       LOAD_EVICT, TMA_LOAD, ALIGN, CHUNK)
             if not TMA_LOAD:
                 async_copy.commit_group()
             nxt_done = False
@@ -1024,7 +1109,7 @@ if gluon is not None:
                     new_q = last_q
             if new_row < M:
                 _issue(A, B, DA, DB, ring_a, ring_b, bars, (t + AHEAD) % STAGES, new_row, new_q, N, stride_a,
-                       stride_b, offs, BWD, LOAD_EVICT, TMA_LOAD, ALIGN)
+                       stride_b, offs, BWD, LOAD_EVICT, TMA_LOAD, ALIGN, CHUNK)
             if not TMA_LOAD:
                 async_copy.commit_group()  # one group per step, empty or not, so the counts below hold
 
@@ -1059,13 +1144,14 @@ if gluon is not None:
                     if not cur_done:
                         _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
                     cur_a, cur_b = _load_unit(ring_a, ring_b, t % STAGES, cur_row, cur_q, N, stride_a, offs, BWD, layout,
-                                              ALIGN)
+                                              ALIGN, CHUNK)
                     if not cur_done:
                         _publish(P, cur_row, cur_q, Q, cur_a, cur_b, BWD)
             else:
                 if cur_row < M and not cur_done:
                     _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
-                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, stride_a, offs, BWD, layout, ALIGN)
+                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, stride_a, offs, BWD, layout, ALIGN,
+                                 CHUNK)
             # a program never waits for a row it still holds an unreduced unit of: units in flight
             # in the written unit's row (claims came fast) are reduced now, ahead of their steps. (A
             # claim started this step could be in that row only if the other programs took fewer than
@@ -1076,12 +1162,12 @@ if gluon is not None:
                     if (nxt_row == w_row) & (w_row < M) & (not nxt_done):
                         _wait_slot(bars, (t + 1) % STAGES, ((t + 1) // STAGES) & 1, 1, TMA_LOAD)
                         _reduce_unit(ring_a, ring_b, (t + 1) % STAGES, P, nxt_row, nxt_q, Q, N, stride_a, offs, BWD,
-                                     layout, ALIGN)
+                                     layout, ALIGN, CHUNK)
                         nxt_done = True
                 if (new_row == w_row) & (w_row < M):
                     _wait_slot(bars, (t + AHEAD) % STAGES, ((t + AHEAD) // STAGES) & 1, 0, TMA_LOAD)
                     _reduce_unit(ring_a, ring_b, (t + AHEAD) % STAGES, P, new_row, new_q, Q, N, stride_a, offs, BWD, layout,
-                                 ALIGN)
+                                 ALIGN, CHUNK)
                     new_done = True
 
             # write the unit LAG steps back (from registers, or its slot), with the row statistic
@@ -1110,35 +1196,43 @@ if gluon is not None:
                 if HAS_PRIOR:  # the whole row's statistic, for its other columns
                     gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
                     gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
-                if HOLD:
-                    a = old_a.to(gl.float32)
-                elif HOLD_OLD:
-                    a = _held_chunk(old_a, A.dtype.element_ty, layout).to(gl.float32)
-                else:
-                    a = _flat(ring_a.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
-                b = a
-                if BWD:
+                slot = (t + STAGES - LAG) % STAGES
+                ONE: gl.constexpr = HOLD or HOLD_OLD or (KSUB == 1)  # the chunk is one tile (KSUB = 1)
+                if ONE:
                     if HOLD:
-                        b = old_b.to(gl.float32)
+                        a = old_a.to(gl.float32)
                     elif HOLD_OLD:
-                        b = _held_chunk(old_b, B.dtype.element_ty, layout).to(gl.float32)
+                        a = _held_chunk(old_a, A.dtype.element_ty, layout).to(gl.float32)
                     else:
-                        b = _flat(ring_b.index((t + STAGES - LAG) % STAGES)).load(layout).to(gl.float32)
-                else:
+                        a = _flat(ring_a.index(slot)).load(layout).to(gl.float32)
+                    b = a
+                    if BWD:
+                        if HOLD:
+                            b = old_b.to(gl.float32)
+                        elif HOLD_OLD:
+                            b = _held_chunk(old_b, B.dtype.element_ty, layout).to(gl.float32)
+                        else:
+                            b = _flat(ring_b.index(slot)).load(layout).to(gl.float32)
+                if not BWD:
                     gl.store(LSE + w_row, m + gl.log(s), mask=w_q == 0)
-                out = _output(a, b, m, s, BWD, FOLD).to(OUT.dtype.element_ty)
                 base_o, h = _row_start(w_row, stride_o, ALIGN)
                 start = w_q.to(gl.int64) * CHUNK
-                optrs = OUT + base_o + start + offs
-                if ALIGN > 1:  # the vectors wholly in the row as vectors, then its end vectors' elements
-                    first = h - w_q * CHUNK
-                    end = (N + h - start).to(gl.int32)
-                    gl.store(optrs, out, mask=_body(offs, first, end, ALIGN), eviction_policy=STORE_EVICT)
+                first = h - w_q * CHUNK  # the chunk's elements first ... end - 1 are the row's
+                end = (N + h - start).to(gl.int32)
+                if ONE:
+                    _store_sub(OUT, base_o + start, a, b, m, s, offs, first, end, BWD, FOLD, STORE_EVICT, ALIGN)
+                else:  # from its slot, a sub-tile at a time
+                    for j in gl.static_range(KSUB):
+                        a = _flat(ring_a.index(slot * KSUB + j)).load(layout).to(gl.float32)
+                        b = a
+                        if BWD:
+                            b = _flat(ring_b.index(slot * KSUB + j)).load(layout).to(gl.float32)
+                        _store_sub(OUT, base_o + start + j * SUB, a, b, m, s, offs, first - j * SUB, end - j * SUB,
+                                   BWD, FOLD, STORE_EVICT, ALIGN)
+                if ALIGN > 1:  # the row's end vectors' elements
                     if (first > 0) | (end < CHUNK):
                         _write_ends(A, B, OUT, w_row, start, first, end, stride_a, stride_b, stride_o, m, s, BWD, FOLD,
                                     CHUNK, STORE_EVICT, ALIGN)
-                else:
-                    gl.store(optrs, out, mask=offs < (N - start).to(gl.int32), eviction_policy=STORE_EVICT)
             if DEEP:
                 fifo_row = _fifo_put(fifo_row, fidx, t % LAG, cur_row)
                 fifo_q = _fifo_put(fifo_q, fidx, t % LAG, cur_q)
@@ -1323,14 +1417,21 @@ def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.T
     limit = None if not a.is_cuda else block_shared_limit(a.device.index if a.device.index is not None
                                                           else torch.cuda.current_device())
     config = staged_config(direction, elem, n, max_shared=limit)
-    if TMA_LOADS and tma_width(n, config[0], a, b):
+    if TMA_LOADS and tma_width(n, sub_tile(config[0]), a, b):
         return config
     shifted = F.row_align(a, b, *(() if out is None else (out,))) > 1
     return staged_config(direction, elem, n, tma=False, max_shared=limit, shifted=shifted)
 
 
+def sub_tile(chunk: int) -> int:
+    """Elements of a chunk's sub-tiles: the largest power of two that divides ``chunk`` (the chunk
+    itself where it is one). The kernel copies, reduces and writes a chunk a sub-tile at a time."""
+    return chunk & -chunk
+
+
 def tma_width(n: int, chunk: int, *tensors: torch.Tensor) -> int:
-    """W of the (M, N / W, W) views through which TMA moves chunks of these (M, N) rows, or 0 where
+    """W of the (M, N / W, W) views through which TMA moves chunks (sub-tiles, ``sub_tile``) of
+    ``chunk`` elements of these (M, N) rows, or 0 where
     it cannot: W is the widest power of two <= 256 that divides N with CHUNK / W <= 256 (a TMA box
     has at most 256 entries per dimension) and W elements a multiple of 16 bytes; pointers and row
     strides must be 16-byte aligned and the GPU sm_90+."""
@@ -1404,6 +1505,10 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
     if (stages, ahead, lag) not in RINGS:
         raise ValueError(f"staged softmax config {config}: the kernel's rings, (STAGES, AHEAD, LAG), are {RINGS} "
                          f"(see RINGS); others measured slower in sessions 5-11 and are not built")
+    vector = 16 // a.element_size() * 32 * config[1]  # the elements one tile of the kernel's layout holds
+    if chunk <= 0 or chunk % vector or sub_tile(chunk) < vector:
+        raise ValueError(f"staged softmax config {config}: a chunk must be a multiple of a power of two of at least "
+                         f"{vector} elements (16 bytes a thread over {config[1]} warps) for {a.dtype} rows")
     consts, warps = _constexprs(direction, a, b, out, config, prior is not None)
     q = cdiv(n + consts["ALIGN"] - 1, chunk)
     if q > MAX_PROGRAMS_PER_ROW or m * q >= 2**31 - 2**20:  # units are counted in int32
@@ -1440,7 +1545,7 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
     n = a.shape[1]
     chunk, warps, stages, ahead, lag, tma_load = config
     bwd = direction == "bwd"
-    width = tma_width(n, chunk, a, b) if tma_load and TMA_LOADS else 0
+    width = tma_width(n, sub_tile(chunk), a, b) if tma_load and TMA_LOADS else 0
     key = (direction, F.element_size(a, b), tuple(config[:5]))
     merge_warps, merge_early, merge_cap, longest, longest_waiting = MERGE_PARTITIONS.get(key, (0, 0, None, 0, 0))
     if n > longest or (a.is_cuda and cuda_major(a.device) < 9):
@@ -1466,8 +1571,8 @@ def _kernel_args(a, b, out, lse, prior, consts, words, q) -> list:
     specialize on either)."""
     m, n = a.shape
     err = F.error_counter(a.device)
-    width, chunk = consts["TMA_W"], consts["CHUNK"]
-    descriptors = [_descriptor(t, width, chunk) for t in (a, b)] if width else [a, b]
+    width, sub = consts["TMA_W"], sub_tile(consts["CHUNK"])
+    descriptors = [_descriptor(t, width, sub) for t in (a, b)] if width else [a, b]
     return [a, b, out, *descriptors, out if lse is None else lse, words, err, err if prior is None else prior,
             m, n, *map(_row_stride, (a, b, out)), q, F.SPIN_MAX]
 
