@@ -818,15 +818,27 @@ def test_staged_table_fits_and_checks_its_config_cpu():
     for (direction, elem), entries in S.STAGED_CONFIG_SHIFTED.items():  # rows not 16-byte aligned
         shortest = [n for n, _ in entries]
         assert shortest[0] == 0 and shortest == sorted(shortest)
-        for i, (n, config) in enumerate(entries):
+        for i, (n, entry) in enumerate(entries):
             past = S.staged_config(direction, elem, n + 1, tma=False)
-            assert S.staged_config(direction, elem, n + 1, tma=False, shifted=True) == (config or past)
-            if config is not None:
+            taken = S.staged_config(direction, elem, n + 1, tma=False, shifted=True)
+            assert taken == past if entry is None else taken in S.alternatives(entry)
+            for config in S.alternatives(entry) if entry is not None else ():
                 assert config[2:5] in S.RINGS and not config[5] and S.slot_bytes(direction, elem, config) <= hopper
                 assert config[0] % (32 * config[1] * 16 // elem) == 0
                 assert S.sub_tile(config[0]) >= 32 * config[1] * 16 // elem  # a sub-tile: 16 bytes a thread
                 if S.sub_tile(config[0]) < config[0]:  # sub-tiles wait in their slots
                     assert config[2] in (3, config[4] + 2) and config[3] == 1
+    # alternatives: the config padding the row least (shifted rows span 16 bytes more), a chunk of sub-tiles
+    # counted SUB_TILE_COST more; the first of equals
+    def chunk(direction, elem, n):
+        return S.staged_config(direction, elem, n, tma=False, shifted=True)[0]
+    assert [chunk("fwd", 2, n) for n in (24577, 28673, 40001, 50257, 65537)] == [9216, 10240, 8192, 10240, 8192]
+    assert [chunk("bwd", 2, n) for n in (130001, 140001, 172025)] == [8192, 6144, 6144]  # (172032: both 21 x 8192)
+    assert S.least_padded("fwd", 2, 40000, [(10240, 4), (8192, 4)]) == (8192, 4)  # both 40960: sub-tiles cost
+    assert S.least_padded("bwd", 2, 40000, [(10240, 4), (8192, 4)]) == (10240, 4)  # (no cost backward)
+    assert S.least_padded("fwd", 2, 20480, [(8192, 4), (10240, 4)]) == (10240, 4)  # 3 x 8192 > 2 x 10240 x 1.05
+    assert S.least_padded("bwd", 2, 24576, [(8192, 4), (6144, 4)]) == (8192, 4)
+    assert S.least_padded("bwd", 2, 24576, []) is None
     for (direction, elem), entries in S.STAGED_CONFIG_WHOLE.items():  # rows of whole chunks, by TMA
         assert [n for n, _ in entries] == sorted(n for n, _ in entries)
         for (n, config), (end, _) in zip(entries, entries[1:] + [(1 << 40, None)]):
@@ -889,13 +901,15 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m, n", [(300, 40001), (50, 40958), (60, 100003), (9, 200003), (37, 2**19 + 17),
+@pytest.mark.parametrize("m, n", [(300, 40001), (50, 40958), (30, 50257), (60, 100003), (9, 200003), (37, 2**19 + 17),
                                   (5, 2**20 + 3), (3, 2**21 + 5)])
 def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     """Rows that do not start on 16 bytes, shifted (``ALIGN``): every row starts at another offset in
     16 bytes (N odd), or rows of N = 40958, which for the rows shifted least leave their last chunk
-    empty (Q counts N + ALIGN - 1 columns); the rings of ``STAGED_CONFIG_SHIFTED`` (100003: its float32
-    forward and bf16 backward chunks of 8192; 200003: its float32 backward's lag 2 in registers) and the
+    empty (Q counts N + ALIGN - 1 columns); the rings of ``STAGED_CONFIG_SHIFTED`` (chunks of sub-tiles:
+    bf16 forward 40958 / 50257 9216 / 10240, backward 6144 from 40001, float32 forward 6144 and backward 4608
+    at 40001-50257; 100003: the float32 forward's chunks of 8192; 200003: the float32 backward's lag 2 in
+    registers) and the
     main table's deep ones by cp.async, both directions; the outputs go into the middle of a larger
     buffer whose other columns must keep their value."""
     pad = 16
@@ -1036,7 +1050,7 @@ def test_staged_shifted_deep_rings_gpu(direction, dtype, poisoned, monkeypatch):
     small M)."""
     monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
     elem = torch.finfo(dtype).bits // 8
-    deep = [n for n, c in S.STAGED_CONFIG_SHIFTED[direction, elem] if c is not None and c[4] >= 3]
+    deep = [n for n, c in S.STAGED_CONFIG_SHIFTED[direction, elem] if c is not None and S.alternatives(c)[0][4] >= 3]
     assert deep
     for n in [start + 1 + start % 2 for start in deep] + [2 * deep[-1] + 1]:
         x = make_x(3, n, dtype, "cuda", scale=30.0)

@@ -207,7 +207,8 @@ STAGED_CONFIG = {
 }
 #: Configs for rows that are not 16-byte aligned (``F.row_align`` > 1: cp.async copies of rows shifted
 #: to 16 bytes, no TMA), by (direction, element size): entries (shortest row, config) as in
-#: ``STAGED_CONFIG``, where None hands rows from that length on back to ``STAGED_CONFIG``. Session 35,
+#: ``STAGED_CONFIG``, where None hands rows from that length on back to ``STAGED_CONFIG`` and a tuple of
+#: configs is alternatives, of which rows take the one that pads them least (``least_padded``). Session 35,
 #: H200, % of copy (``benchmarks/probes/softmax_staged.py --configs``, logs
 #: ``benchmarks/logs/2026-11-23-h200-s35-*``), against the main table's configs on these rows:
 #: - bf16 forward: lag 1 of 8192 (capped, ``SHIFTED_REGISTER_CAPS``) 76.6 / 81.2 / 81.3 at 50257 /
@@ -265,14 +266,26 @@ STAGED_CONFIG = {
 #:   (4096) and 85.8 / 86.4 (8192 from 80000); at 151937-262143 within a point of 8192, which stays there.
 #: - float32 forward, 6144 (3 of 2048) from 32769: 89.9 / 89.3 / 89.4 at 40001 / 50257 / 65537 against 88.7 /
 #:   87.5 / 87.4 (4096, and 8192 at 65537); 89.1 against 90.0 for 8192 at 80001.
-#: - Not taken: the bf16 forward (its two reads of a chunk's sub-tiles, max then exponentials, cost more than
-#:   its fuller chunks gain: 10240 80.1 against 77.1 at 50257, but 75.7 against 78.0 at 65537); the bf16
-#:   backward's lag 2 in 4 slots of 5120 / 6144 (78-87 against 87 for 4096 at 300007 / 600011).
+#: - Entries of several configs (alternatives): the one whose chunks pad the row least, a sub-tiled chunk's
+#:   padding counted ``SUB_TILE_COST`` more (``least_padded``). The bf16 forward (``-call4.log``), where a chunk
+#:   of sub-tiles costs more (it reads them twice: max, then exponentials), from 20481 to 2^19: 8192 or 9216 /
+#:   10240 / 12288, which took 74.0 / 75.3 / 80.0 / 80.3 / 79.2 / 75.6 at 24577 / 28673 / 36001 / 45001 / 50257 /
+#:   57345 against 64.7 / 73.8 / 75.2 / 78.2 / 76.4 / 73.5 for 8192; 8192 kept at 20483, 40001, 65537, 75001,
+#:   90001, 130001-262143 (the others 0.5-9 points under it); in 17 lengths of 20K-400K the rule's choice was
+#:   within 1.7 points of the best (400009: 12288 81.1, 8192 79.4). The bf16 backward from 10^5: 6144 or 8192
+#:   (8192 at 130001: 89.0 against 85.7, call 3; 6144 at 110001 / 140001 87.8 / 86.5 against 86.0 / 85.0; 8192
+#:   0.5-0.6 ahead at 200003 / 230001). Under 10^5 6144 alone: 8192, padded less at 40001, ran 83.5 against
+#:   87.8 (two programs per multiprocessor instead of three).
+#: - Not taken: the bf16 backward's lag 2 in 4 slots of 5120 / 6144 (78-87 against 87 for 4096 at 300007 /
+#:   600011).
 STAGED_CONFIG_SHIFTED = {
     ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
                  (73728, (8192, 4, 3, 1, 1, False)), (262144, None),
                  (4194305, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
-    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)), (524288, (16384, 4, 3, 1, 2, False)), (4194305, None),
+    ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)),
+                 (20481, ((8192, 4, 3, 1, 1, False), (9216, 4, 3, 1, 1, False), (10240, 4, 3, 1, 1, False),
+                          (12288, 4, 3, 1, 1, False))),
+                 (524288, (16384, 4, 3, 1, 2, False)), (4194305, None),
                  (5767169, (8192, 4, 7, 1, 5, False)), (8650753, (8192, 4, 7, 1, 6, False)),
                  (10813441, (8192, 4, 7, 1, 7, False))],
     ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (4608, 4, 3, 1, 1, False)),
@@ -280,9 +293,14 @@ STAGED_CONFIG_SHIFTED = {
                  (262144, (4096, 4, 7, 1, 5, False)), (2097153, (4096, 4, 7, 1, 6, False)),
                  (2703361, (4096, 4, 7, 1, 7, False))],
     ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
-                 (151937, (8192, 4, 3, 1, 1, False)), (262144, (4096, 4, 4, 1, 2, False)),
-                 (1048577, (4096, 4, 7, 1, 5, False)), (4325377, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
+                 (100000, ((6144, 4, 3, 1, 1, False), (8192, 4, 3, 1, 1, False))), (262144, (4096, 4, 4, 1, 2, False)),
+                 (1048577, (4096, 4, 7, 1, 5, False)), (4325377, (4096, 4, 7, 1, 6, False)),
+                 (5406721, (4096, 4, 7, 1, 7, False))],
 }
+#: Padding a row's chunks of sub-tiles (``sub_tile``) counts this much more than a power of two's, by
+#: (direction, element size), where an entry of ``STAGED_CONFIG_SHIFTED`` has alternatives (``least_padded``):
+#: the bf16 forward's lag-1 ring ran about 4-7% slower per chunk in sub-tiles (H200, session 41).
+SUB_TILE_COST = {("fwd", 2): 0.05}
 #: Configs for rows of a whole number of their chunks, where TMA loads them, in place of the main
 #: table's entry: entries as in ``STAGED_CONFIG_SHIFTED`` (None: the main table's from that length on),
 #: each taken only where its chunk divides N. A ragged last chunk costs the 16-bit forward's chunks of
@@ -1377,10 +1395,26 @@ def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_share
     if whole is not None and n % whole[0] == 0 and fits(whole):
         return whole
     own = _entry(STAGED_CONFIG_SHIFTED, direction, elem, n) if shifted else None
-    if own is not None and fits(own):
-        return own
+    if own is not None:
+        # (shifted rows span up to 16 bytes more: their chunks start on 16 bytes, ``_row_start``)
+        own = least_padded(direction, elem, n + 16 // elem - 1, [c for c in alternatives(own) if fits(c)])
+        if own is not None:
+            return own
     return [config for shortest, config in STAGED_CONFIG[(direction, elem)]
             if n >= shortest and (tma or not tma_only(direction, elem, config)) and fits(config)][-1]
+
+
+def alternatives(entry) -> list:
+    """The configs of a table entry: one config, or a tuple of them (``STAGED_CONFIG_SHIFTED``)."""
+    return list(entry) if isinstance(entry[0], tuple) else [entry]
+
+
+def least_padded(direction: str, elem: int, span: int, configs: list):
+    """Of ``configs``, the one whose chunks cover ``span`` elements with the least padding, that of a chunk of
+    sub-tiles counted ``SUB_TILE_COST`` more (the first of equals; None where there is none)."""
+    cost = SUB_TILE_COST.get((direction, elem), 0.0)
+    return min(configs, key=lambda c: cdiv(span, c[0]) * c[0] * (1.0 + (cost if sub_tile(c[0]) < c[0] else 0.0)),
+               default=None)
 
 
 def _entry(table: dict, direction: str, elem: int, n: int):
@@ -1597,7 +1631,7 @@ def memo(name: str, tensors, extra, build):
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
              WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
              tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(MERGE_PARTITIONS.items()),
-             MERGE_REGS, tuple((k, tuple(v)) for k, v in STAGED_CONFIG_SHIFTED.items()),
+             MERGE_REGS, tuple((k, tuple(v)) for k, v in STAGED_CONFIG_SHIFTED.items()), tuple(SUB_TILE_COST.items()),
              tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
     key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
