@@ -59,17 +59,19 @@ def traced_source(src: str) -> str:
 ''', '\n' + at(1) + '''            # the unit written now; its row's partial words start arriving, used after the reduction
 ''')
     src = edit(src, '''                    _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
-                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, stride_a, offs, BWD, layout, ALIGN)
+                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, stride_a, offs, BWD, layout, ALIGN,
+                                 CHUNK)
 ''', '''                    _wait_slot(bars, t % STAGES, (t // STAGES) & 1, AHEAD, TMA_LOAD)
-''' + at(2, LOOP + "        ") + '''                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, stride_a, offs, BWD, layout, ALIGN)
+''' + at(2, LOOP + "        ") + '''                    _reduce_unit(ring_a, ring_b, t % STAGES, P, cur_row, cur_q, Q, N, stride_a, offs, BWD, layout, ALIGN,
+                                 CHUNK)
 ''' + at(3, LOOP + "        "))
     src = edit(src, '''                if HAS_PRIOR:  # the whole row's statistic, for its other columns
 ''', at(4, LOOP + "    ", "(lanes * 0).to(gl.float32) + s") + '''                if HAS_PRIOR:  # the whole row's statistic, for its other columns
 ''')
-    src = edit(src, '''                else:
-                    gl.store(optrs, out, mask=offs < (N - start).to(gl.int32), eviction_policy=STORE_EVICT)
-''', '''                else:
-                    gl.store(optrs, out, mask=offs < (N - start).to(gl.int32), eviction_policy=STORE_EVICT)
+    src = edit(src, '''                        _write_ends(A, B, OUT, w_row, start, first, end, stride_a, stride_b, stride_o, m, s, BWD, FOLD,
+                                    CHUNK, STORE_EVICT, ALIGN)
+''', '''                        _write_ends(A, B, OUT, w_row, start, first, end, stride_a, stride_b, stride_o, m, s, BWD, FOLD,
+                                    CHUNK, STORE_EVICT, ALIGN)
 ''' + at(5, LOOP + "    "))
     src = edit(src, '''    return [a, b, out, *descriptors, out if lse is None else lse, words, err, err if prior is None else prior,''',
                '''    trace = err if TRACE is None else TRACE
