@@ -597,7 +597,7 @@ if gluon is not None:
                 shift = gl.where(cm == float("-inf"), 0.0, cm)
                 acc = gl.zeros([SUB], gl.float32, layout)
                 for j in gl.static_range(KSUB):  # (outside the row: -inf, rewritten by _load_unit)
-                    a = _flat(ring_a.index(i * KSUB + j)).load(layout).to(gl.float32)
+                    a = _slot_f32(ring_a, i * KSUB + j, layout)
                     acc += _exp_over(a, shift, None, False)
                 cs = gl.sum(acc, axis=0)
             gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
@@ -654,6 +654,21 @@ if gluon is not None:
         else:
             words = _flat(slot).load(layout)
         return words
+
+    @gluon.jit
+    def _slot_f32(ring, e, layout: gl.constexpr):
+        """Ring entry ``e`` (a chunk, or a chunk's sub-tile) in registers (``layout``), as float32."""
+        return _flat(ring.index(e)).load(layout).to(gl.float32)
+
+    @gluon.jit
+    def _held_f32(held, HOLD: gl.constexpr, dtype: gl.constexpr, layout: gl.constexpr):
+        """A chunk of ``dtype`` that waited in registers, as float32: ``HOLD`` as loaded, else as
+        ``_held_words`` keeps it."""
+        if HOLD:
+            chunk = held.to(gl.float32)
+        else:
+            chunk = _held_chunk(held, dtype, layout).to(gl.float32)
+        return chunk
 
     @gluon.jit
     def _held_zeros(dtype: gl.constexpr, n: gl.constexpr, layout: gl.constexpr):
@@ -1217,20 +1232,16 @@ if gluon is not None:
                 slot = (t + STAGES - LAG) % STAGES
                 ONE: gl.constexpr = HOLD or HOLD_OLD or (KSUB == 1)  # the chunk is one tile (KSUB = 1)
                 if ONE:
-                    if HOLD:
-                        a = old_a.to(gl.float32)
-                    elif HOLD_OLD:
-                        a = _held_chunk(old_a, A.dtype.element_ty, layout).to(gl.float32)
+                    if HOLD or HOLD_OLD:
+                        a = _held_f32(old_a, HOLD, A.dtype.element_ty, layout)
+                        b = a
+                        if BWD:
+                            b = _held_f32(old_b, HOLD, B.dtype.element_ty, layout)
                     else:
-                        a = _flat(ring_a.index(slot)).load(layout).to(gl.float32)
-                    b = a
-                    if BWD:
-                        if HOLD:
-                            b = old_b.to(gl.float32)
-                        elif HOLD_OLD:
-                            b = _held_chunk(old_b, B.dtype.element_ty, layout).to(gl.float32)
-                        else:
-                            b = _flat(ring_b.index(slot)).load(layout).to(gl.float32)
+                        a = _slot_f32(ring_a, slot, layout)
+                        b = a
+                        if BWD:
+                            b = _slot_f32(ring_b, slot, layout)
                 if not BWD:
                     gl.store(LSE + w_row, m + gl.log(s), mask=w_q == 0)
                 base_o, h = _row_start(w_row, stride_o, ALIGN)
@@ -1241,10 +1252,10 @@ if gluon is not None:
                     _store_sub(OUT, base_o + start, a, b, m, s, offs, first, end, BWD, FOLD, STORE_EVICT, ALIGN)
                 else:  # from its slot, a sub-tile at a time
                     for j in gl.static_range(KSUB):
-                        a = _flat(ring_a.index(slot * KSUB + j)).load(layout).to(gl.float32)
+                        a = _slot_f32(ring_a, slot * KSUB + j, layout)
                         b = a
                         if BWD:
-                            b = _flat(ring_b.index(slot * KSUB + j)).load(layout).to(gl.float32)
+                            b = _slot_f32(ring_b, slot * KSUB + j, layout)
                         _store_sub(OUT, base_o + start + j * SUB, a, b, m, s, offs, first - j * SUB, end - j * SUB,
                                    BWD, FOLD, STORE_EVICT, ALIGN)
                 if ALIGN > 1:  # the row's end vectors' elements
