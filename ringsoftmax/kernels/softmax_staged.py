@@ -1045,8 +1045,11 @@ if gluon is not None:
         # chunks in aligned rings that hold chunks in registers. (Session 35, H200, bf16 forward: vectors
         # ran 80.9% of copy at 1000448, lag 2 in 4 slots, against 75.3 by chunks, but 89.8 against 93.4
         # at 2M-4M in lag 2 in 3 slots, a chunk in registers; equal elsewhere: the registers its code
-        # takes shift what the compiler allocates to the steps.)
-        PIECE: gl.constexpr = CHUNK if (ALIGN == 1) and (HOLD or HOLD_OLD) else VEC * 32 * gl.num_warps()
+        # takes shift what the compiler allocates to the steps.) Not in the backward's lag 2 in 3 slots:
+        # since session 34 its whole-chunk reads (y and dy, masked) took the bf16 builds of 8192 x 4 and
+        # 16384 x 8 warps past 255 registers (72-80 bytes spilled; 39% of copy at 2M, session 41).
+        PIECE: gl.constexpr = (CHUNK if (ALIGN == 1) and (HOLD_OLD or (HOLD and not BWD))
+                               else VEC * 32 * gl.num_warps())
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         STEPS_MERGE: gl.constexpr = (not MERGE) or (not MERGE_WAITS)  # the steps read and merge words
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
