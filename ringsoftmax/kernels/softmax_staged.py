@@ -263,7 +263,7 @@ STAGED_CONFIG = {
 #:   85.4 for 4096 (100003, call 1: 87.0 against 85.1); at 120001-262143 it lost 0.4-1.6.
 #: - bf16 backward, 6144 (3 of 2048, three programs instead of four) from 32769: 87.2 / 87.8 / 86.6 / 88.0 /
 #:   86.4 / 87.2 at 33001 / 40001 / 50257 / 65537 / 80001 / 120001 against 84.0 / 86.0 / 84.8 / 83.1 / 84.3
-#:   (4096) and 85.8 / 86.4 (8192 from 80000); at 151937-262143 within a point of 8192, which stays there.
+#:   (4096) and 85.8 / 86.4 (8192 from 80000); at 151937-262143 within a point of 8192 (alternatives, below).
 #: - float32 forward, 6144 (3 of 2048) from 32769: 89.9 / 89.3 / 89.4 at 40001 / 50257 / 65537 against 88.7 /
 #:   87.5 / 87.4 (4096, and 8192 at 65537); 89.1 against 90.0 for 8192 at 80001.
 #: - Entries of several configs (alternatives): the one whose chunks pad the row least, a sub-tiled chunk's
@@ -271,7 +271,7 @@ STAGED_CONFIG = {
 #:   of sub-tiles costs more (it reads them twice: max, then exponentials), from 20481 to 2^19: 8192 or 9216 /
 #:   10240 / 12288, which took 74.0 / 75.3 / 80.0 / 80.3 / 79.2 / 75.6 at 24577 / 28673 / 36001 / 45001 / 50257 /
 #:   57345 against 64.7 / 73.8 / 75.2 / 78.2 / 76.4 / 73.5 for 8192; 8192 kept at 20483, 40001, 65537, 75001,
-#:   90001, 130001-262143 (the others 0.5-9 points under it); in 17 lengths of 20K-400K the rule's choice was
+#:   90001, 130001-262143 (the others 0.6-16 points under it); in 17 lengths of 20K-400K the rule's choice was
 #:   within 1.7 points of the best (400009: 12288 81.1, 8192 79.4). The bf16 backward from 10^5: 6144 or 8192
 #:   (8192 at 130001: 89.0 against 85.7, call 3; 6144 at 110001 / 140001 87.8 / 86.5 against 86.0 / 85.0; 8192
 #:   0.5-0.6 ahead at 200003 / 230001). Under 10^5 6144 alone: 8192, padded less at 40001, ran 83.5 against
@@ -299,7 +299,8 @@ STAGED_CONFIG_SHIFTED = {
 }
 #: Padding a row's chunks of sub-tiles (``sub_tile``) counts this much more than a power of two's, by
 #: (direction, element size), where an entry of ``STAGED_CONFIG_SHIFTED`` has alternatives (``least_padded``):
-#: the bf16 forward's lag-1 ring ran about 4-7% slower per chunk in sub-tiles (H200, session 41).
+#: the bf16 forward's lag-1 ring reads a chunk of sub-tiles twice to reduce it; 5% put the rule's choice within
+#: 1.7 points of the best config in 17 lengths of 20K-400K (H200, session 41, ``-s41-call4.log``).
 SUB_TILE_COST = {("fwd", 2): 0.05}
 #: Configs for rows of a whole number of their chunks, where TMA loads them, in place of the main
 #: table's entry: entries as in ``STAGED_CONFIG_SHIFTED`` (None: the main table's from that length on),
