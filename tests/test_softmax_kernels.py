@@ -909,9 +909,8 @@ def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     empty (Q counts N + ALIGN - 1 columns); the rings of ``STAGED_CONFIG_SHIFTED`` (chunks of sub-tiles:
     bf16 forward 40958 / 50257 9216 / 10240, backward 6144 from 40001, float32 forward 6144 and backward 4608
     at 40001-50257; 100003: the float32 forward's chunks of 8192; 200003: the float32 backward's lag 2 in
-    registers) and the
-    main table's deep ones by cp.async, both directions; the outputs go into the middle of a larger
-    buffer whose other columns must keep their value."""
+    registers) and the main table's deep ones by cp.async, both directions; the outputs go into the middle
+    of a larger buffer whose other columns must keep their value."""
     pad = 16
 
     def framed():
@@ -946,8 +945,8 @@ def test_staged_sub_tiles_gpu(m, n, dtype, tma, poisoned):
     """Chunks that are not a power of two, several sub-tiles each (``sub_tile``), in the rings that keep
     chunks in their slots (lag 1 in 3 slots, lag 2 in 4, lag 3 in 5), both directions, by cp.async or
     TMA where the rows take it: aligned rows (30848), rows not 16-byte aligned (odd N), last chunks with
-    sub-tiles wholly past the row's end (30848 and 30821 in chunks of 5 sub-tiles: the last holds 128 and
-    101 columns), rows of one chunk or two, -inf entries and an all -inf row."""
+    sub-tiles wholly past the row's end (30848 and 30821 in chunks of 5 sub-tiles: the last holds about 100
+    columns), rows of one chunk or two, -inf entries and an all -inf row."""
     vec = 128 // torch.finfo(dtype).bits * 32 * 4  # elements of a 16-byte vector a thread over 4 warps
     x = make_x(m, n, dtype, "cuda", scale=30.0)
     y, dy = softmax_pair(m, n, dtype, "cuda")
