@@ -1,11 +1,12 @@
 """Probe: how much the backward's speed depends on where y and dy lie in memory, per knob variant.
 
 Run on a GPU:
-    python3 benchmarks/probes/placement.py --sizes 65537 --dtypes fp32 --pads 0,1,3,8,21 \
+    python3 benchmarks/probes/placement.py --sizes 65537 --dtypes fp32 --pads 0,4,68,1024,-68 \
         --variant 'new=' --variant 'old=S.STAGED_CONFIG_SHIFTED = ...'
 
-For each (N, M = 2^28 // N, dtype) and each pad P (MiB), y and dy are allocated with a buffer of P MiB
-between them (y first; a negative P: dy first), filled (y a softmax of randn rows, dy randn), and every
+For each (N, M = 2^28 // N, dtype) and each pad P (KiB), y and dy are cut from one buffer with P KiB
+between them (y first; a negative P: dy first; separate allocations of large tensors land 1 GiB apart
+whatever lies between them, so the buffer sets the distance), filled (y a softmax of randn rows, dy randn), and every
 variant (``name=statements`` as in ``knobs.py``) is checked against float64 and timed in turn for
 ``--rounds`` rounds (medians). Printed per placement: the distance dy - y in bytes (and modulo 2 MiB),
 and each variant's % of a device-to-device copy (3 * bytes(y) / t).
@@ -26,7 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="65537")
     ap.add_argument("--dtypes", default="fp32")
-    ap.add_argument("--pads", default="0,1,3,8,21,-1")
+    ap.add_argument("--pads", default="0,4,68,1024,-68", help="KiB between y and dy (negative: dy first)")
     ap.add_argument("--variant", action="append", default=[], help="name=statements (repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--elements", type=int, default=1 << 28)
@@ -35,16 +36,18 @@ def main():
     saved = snapshot()
     copy_ = copy_gbs()
     print(f"copy {copy_:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__}")
-    print("dtype | N | M | pad MiB | dy - y bytes | mod 2 MiB | " + " | ".join(f"{v} % copy" for v in variants)
+    print("dtype | N | M | pad KiB | dy - y bytes | mod 2 MiB | " + " | ".join(f"{v} % copy" for v in variants)
           + " | max err")
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
         for n in map(int, args.sizes.split(",")):
             m = max(1, args.elements // n)
             for pad in map(int, args.pads.split(",")):
-                first = torch.empty((m, n), dtype=dtype, device="cuda")
-                gap = torch.empty(abs(pad) << 20, dtype=torch.uint8, device="cuda")
-                second = torch.empty((m, n), dtype=dtype, device="cuda")
+                size = m * n * torch.finfo(dtype).bits // 8
+                gap = -(-size // 256) * 256 + (abs(pad) << 10)  # (the second tensor starts on 256 bytes too)
+                buf = torch.empty(gap + size, dtype=torch.uint8, device="cuda")
+                first = buf[:size].view(dtype).view(m, n)
+                second = buf[gap:].view(dtype).view(m, n)
                 y, dy = (first, second) if pad >= 0 else (second, first)
                 y.copy_(torch.softmax(torch.randn(m, n, device="cuda"), -1))
                 dy.normal_()
@@ -64,7 +67,7 @@ def main():
                 dist = dy.data_ptr() - y.data_ptr()
                 cells = " | ".join(f"{100 * nbytes / statistics.median(ts) / 1e6 / copy_:.1f}" for ts in times.values())
                 print(f"{dname} | {n} | {m} | {pad} | {dist} | {dist % (2 << 20)} | {cells} | {err:.1e}", flush=True)
-                del first, second, gap, y, dy
+                del first, second, buf, y, dy
                 torch.cuda.empty_cache()
 
 
