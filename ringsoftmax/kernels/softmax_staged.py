@@ -574,7 +574,7 @@ if gluon is not None:
         its word. A chunk of several sub-tiles (KSUB > 1) is reduced a sub-tile at a time, into
         per-element accumulators and then across the CTA once (the forward reads its sub-tiles twice:
         their max, then the sum of exponentials). Sub-tiles wholly past the row's end read as such
-        (``_load_unit``); skipping them by a branch cost the bf16 forward 5-8 points (session 41)."""
+        (``_load_unit``); skipping them by a branch cost the bf16 forward up to 10 points (session 41)."""
         SUB: gl.constexpr = offs.shape[0]
         KSUB: gl.constexpr = CHUNK // SUB
         if KSUB == 1:
