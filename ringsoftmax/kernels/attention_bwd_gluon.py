@@ -33,11 +33,12 @@ from __future__ import annotations
 import torch
 
 from . import attention_fwd_gluon as fwd_gluon
-from .attention_fwd_gluon import _issue_tile, _tile_view, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from .gluon_compat import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load, warpgroup_mma,
+                           warpgroup_mma_wait)
 from .hostmath import cdiv
 
 if gluon is not None:
-    from .attention_fwd_gluon import _tma_load, _wgmma_layout, fence_async_shared
+    from .attention_fwd_gluon import _issue_tile, _tile_view, _wgmma_layout
 
     KEYS_PER_GROUP = gl.constexpr(64)  # key rows per compute warpgroup; two of them per program
 

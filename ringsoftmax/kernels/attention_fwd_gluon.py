@@ -56,17 +56,9 @@ import functools
 import torch
 import triton
 
+from .gluon_compat import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load,
+                           tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from .hostmath import cdiv
-
-try:  # Gluon ships with triton >= 3.5 (the GPU machines have 3.6)
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-except ImportError:  # pragma: no cover - older triton
-    gluon = None
 
 
 if gluon is not None:
@@ -262,7 +254,7 @@ if gluon is not None:
     @gluon.jit
     def _tile_view(buf):
         """A (rows, D) shared-memory tile seen as the (1, rows, 1, D) box of a (B, S, H, D) descriptor."""
-        return buf._reinterpret(buf.dtype, [1, buf.shape[0], 1, buf.shape[1]],
+        return buf.reinterpret(buf.dtype, [1, buf.shape[0], 1, buf.shape[1]],
                                 gl.NVMMASharedLayout(swizzle_byte_width=buf.type.layout.swizzle_byte_width,
                                                      element_bitwidth=buf.type.layout.element_bitwidth, rank=4))
 

@@ -63,21 +63,9 @@ import triton
 
 from . import softmax_fwd as F
 from .attention_config import cuda_major
+from .gluon_compat import (TensorDescriptor, async_copy, cp_async as _cp_async, cta_barrier as _cta_barrier,
+                           fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load)
 from .hostmath import cdiv, next_power_of_2
-
-try:  # Gluon ships with triton >= 3.5; without it the Triton split paths run
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    # the cp.async builtin's name: async_copy_global_to_shared in triton 3.6, async_load from 3.7 on
-    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-    # the CTA barrier: thread_barrier in triton 3.6, barrier from 3.7 on
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-except ImportError:  # pragma: no cover - older triton
-    gluon = None
 
 #: Configurations, by direction and element size (the larger of y and dy backward), each a list of
 #: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
@@ -634,7 +622,7 @@ if gluon is not None:
     def _flat(slot):
         """A ring slot seen as one row of its elements (the registers' view)."""
         n: gl.constexpr = slot.shape[0] * slot.shape[1]
-        return slot._reinterpret(slot.dtype, [n], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        return slot.reinterpret(slot.dtype, [n], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
     @triton.constexpr_function
     def _word_layout(layout):
@@ -649,7 +637,7 @@ if gluon is not None:
         element: held so, a bf16 chunk of 16384 by 4 warps spilled 184 bytes.)"""
         n: gl.constexpr = slot.shape[0] * slot.shape[1]
         if slot.dtype.primitive_bitwidth == 16:
-            words = slot._reinterpret(gl.int32, [n // 2], gl.SwizzledSharedLayout(1, 1, 1, [0])).load(
+            words = slot.reinterpret(gl.int32, [n // 2], gl.SwizzledSharedLayout(1, 1, 1, [0])).load(
                 _word_layout(layout))
         else:
             words = _flat(slot).load(layout)
@@ -693,7 +681,7 @@ if gluon is not None:
     @gluon.jit
     def _box(slot):
         """A ring slot (R, W) seen as the (1, R, W) box of an (M, N / W, W) descriptor (TMA's view)."""
-        return slot._reinterpret(slot.dtype, [1, slot.shape[0], slot.shape[1]],
+        return slot.reinterpret(slot.dtype, [1, slot.shape[0], slot.shape[1]],
                                  gl.NVMMASharedLayout(swizzle_byte_width=0,
                                                       element_bitwidth=slot.dtype.primitive_bitwidth, rank=3))
 
@@ -1485,11 +1473,15 @@ def tma_width(n: int, chunk: int, *tensors: torch.Tensor) -> int:
     strides must be 16-byte aligned and the GPU sm_90+."""
     if not tensors[0].is_cuda or cuda_major(tensors[0].device) < 9:
         return 0
-    elem = {t.element_size() for t in tensors}
     if any(t.data_ptr() % 16 or (t.shape[0] > 1 and t.stride(0) * t.element_size() % 16) for t in tensors):
         return 0
+    return box_width(n, chunk, min(t.element_size() for t in tensors))
+
+
+def box_width(n: int, chunk: int, elem: int) -> int:
+    """``tma_width`` of 16-byte aligned rows of ``n`` elements, the narrowest ``elem`` bytes, on sm_90+."""
     w = 256
-    while w * min(elem) >= 16 and chunk // w <= 256:
+    while w * elem >= 16 and chunk // w <= 256:
         if n % w == 0 and chunk % w == 0:
             return w
         w //= 2
