@@ -1,0 +1,337 @@
+"""Compile the Gluon kernels' builds for sm_90 without a GPU: registers, spill, instructions.
+
+Every config the tables (``softmax_staged.STAGED_CONFIG``, ``_SHIFTED``, ``_WHOLE``) give some row,
+in each build a launch of it can take: loads by TMA and by cp.async (where the config is not
+``tma_only``), rows 16-byte aligned or not (ALIGN), units claimed or fixed (lag 1), a merging
+partition or none (``MERGE_PARTITIONS``, by row length), with a prior (the held path, the tables'
+last entries); and the Gluon attention kernels' tiles (forward ``TILES``, ``SPLIT_TILE``; dK/dV
+``CONFIG``, causal or not, accumulating or not). Each is built for an sm_90 target by the installed
+triton, as a launch would build it, and its PTX assembled again by triton's ptxas for its report:
+registers per thread, stack frame and spill-store bytes, SASS instructions (nvdisasm), and where any
+spill is, by source line. A spill cost up to 60 points of copy in the staged kernel (session 41:
+bf16 backward 1M-2M at 40% for seven sessions, unseen: 112-128 bytes of spill stores); ``--check``
+exits 1 where a build spills more than ``KNOWN_SPILLS`` lists for the installed triton
+release, and the CPU tests run it (``tests/test_kernel_builds.py``).
+
+    python benchmarks/probes/sm90_builds.py [--check] [--jobs 2] [--only fwd/2|attention]
+
+No GPU needed (a stand-in driver names the target); builds go to triton's cache, so a second run
+takes seconds. The builds depend on triton's release: the GPU machines' 3.6 and a fresh install's
+3.9 differ (run it with both). Row lengths are planned for an H100 / H200 (``SMS``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+DTYPES = {2: "bfloat16", 4: "float32"}
+#: The GPU the row lengths are planned for: an H100's / H200's multiprocessors and shared memory
+#: per multiprocessor (bytes), of which CUDA keeps 1 KB per block; a staged build's shared memory
+#: beyond its slots (~600 B, session 15).
+SMS, SHARED_PER_SM, RESERVED_PER_BLOCK, SCRATCH = 132, 233472, 1024, 640
+
+
+def _longest(direction: str, elem: int, config) -> int:
+    """The longest row one launch of ``config`` takes on that GPU (``softmax_staged.capacity`` chunks,
+    with as many programs as its slots let a multiprocessor hold: registers may let fewer fit)."""
+    from ringsoftmax.kernels import softmax_staged as S
+
+    per_sm = SHARED_PER_SM // (S.slot_bytes(direction, elem, config) - S.SLOT_SLACK + SCRATCH + RESERVED_PER_BLOCK)
+    return config[0] * min(S.capacity(config[4], SMS * per_sm), S.MAX_PROGRAMS_PER_ROW)
+
+
+def _range_ends(entries, i: int, floor: int, direction: str, elem: int, config) -> tuple[int, int]:
+    """(shortest, longest) row that ``config`` of ``entries[i]`` (a table's (shortest row, config)
+    list) takes in one launch: from its shortest row, at least ``floor``, to the next longer entry's
+    or the longest one launch of it takes (``_longest``); longest < shortest where it takes none."""
+    lo = max(entries[i][0], floor)
+    later = [s for s, _ in entries[i + 1:] if s > entries[i][0]]
+    return lo, min(later[0] - 1 if later else 1 << 40, _longest(direction, elem, config))
+
+
+def _lengths(lo: int, hi: int, key, shifted: bool) -> list[int]:
+    """Row lengths in [lo, hi] that reach each build a config has there: both ends, and about the
+    merging partition's limits (``MERGE_PARTITIONS``); aligned rows a multiple of 256 (so TMA boxes
+    are as wide as they go), shifted rows odd."""
+    from ringsoftmax.kernels import softmax_staged as S
+
+    marks = {lo, hi}
+    if key in S.MERGE_PARTITIONS:
+        longest, waiting = S.MERGE_PARTITIONS[key][3:]
+        marks |= {x for x in (waiting, longest, longest + 256) if lo <= x <= hi}
+    if shifted:
+        return sorted({x | 1 for x in marks})
+    return sorted({-(-x // 256) * 256 if x // 256 * 256 < lo else x // 256 * 256 for x in marks})
+
+
+def table_builds(only: str | None = None) -> list[tuple]:
+    """(direction, elem, n, config, tma, shifted, claim, prior) of every build the tables ask for."""
+    from ringsoftmax.kernels import softmax_staged as S
+
+    builds = []
+    tables = ((S.STAGED_CONFIG, False), (S.STAGED_CONFIG_WHOLE, False), (S.STAGED_CONFIG_SHIFTED, True))
+    for table, shifted in tables:
+        for (direction, elem), entries in table.items():
+            if only and only != f"{direction}/{elem}":
+                continue
+            for i, (_, entry) in enumerate(entries):
+                if entry is None:
+                    continue
+                last = i == len(entries) - 1 and table is not S.STAGED_CONFIG_WHOLE
+                for config in S.alternatives(entry):
+                    lo, hi = _range_ends(entries, i, S.STAGED_MIN_N[direction, elem], direction, elem, config)
+                    if hi < lo:
+                        continue
+                    key = (direction, elem, tuple(config[:5]))
+                    loads = [False] if shifted else ([True] if config[5] else []) + (
+                        [] if S.tma_only(direction, elem, config) else [False])
+                    for n in _lengths(lo, hi, key, shifted):
+                        for tma in loads:
+                            for claim in ([True, False] if config[4] == 1 else [True]):
+                                for prior in ([False, True] if last else [False]):
+                                    builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior))
+    return builds
+
+
+def attention_builds() -> list[tuple]:
+    """("attn fwd", head dim, causal, tile) of the Gluon attention forward's tiles (``TILES``, and
+    ``SPLIT_TILE`` where a launch may split) and ("attn dkdv", head dim, causal, accumulate, config)
+    of the Gluon backward's (``CONFIG``), bf16."""
+    from ringsoftmax.kernels import attention_bwd_gluon as BG, attention_fwd_gluon as FG
+
+    builds = []
+    for (d, causal), tile in FG.TILES.items():
+        builds.append(("attn fwd", d, causal, tuple(tile)))
+        if not causal and tuple(FG.SPLIT_TILE) != tuple(tile):
+            builds.append(("attn fwd", d, causal, tuple(FG.SPLIT_TILE)))
+    for d, config in BG.CONFIG.items():
+        for causal in (False, True):
+            for accumulate in (False, True):
+                builds.append(("attn dkdv", d, causal, accumulate, tuple(config)))
+    return builds
+
+
+def _fake_sm90_driver():
+    """Point triton's active driver at an sm_90 target with no device (compiles only)."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class Sm90:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    driver.set_active(Sm90())
+
+
+def _launch_constexprs(spec: tuple) -> tuple[dict, int, list]:
+    """(constexprs but CLAIM, num_warps, kernel arguments) of a launch of ``spec`` on meta tensors."""
+    import torch
+
+    from ringsoftmax.kernels import softmax_staged as S
+
+    direction, elem, n, config, tma, shifted, claim, prior = spec
+    m = 64
+    a = torch.empty((m, n), dtype=getattr(torch, DTYPES[elem]), device="meta")
+    out = torch.empty_like(a)
+    consts, warps = S._constexprs(direction, a, a, out, config, prior)
+    if tma:  # (meta tensors take no TMA; the launch gives aligned rows this width on sm_90)
+        consts.update(TMA_LOAD=True, TMA_W=S.box_width(n, S.sub_tile(config[0]), elem), ALIGN=1)
+        assert consts["TMA_W"], spec
+    q = S.cdiv(n + consts["ALIGN"] - 1, config[0])
+    stand_in = torch.empty(1, dtype=torch.int32, device="meta")
+    args = S._kernel_args(a, a, out, torch.empty(m, device="meta"), torch.empty((4, m), device="meta") if prior
+                          else None, consts, torch.empty(m * q + 1, dtype=torch.int64, device="meta"), q)
+    args[7] = stand_in  # (the error counter)
+    if not prior:
+        args[8] = stand_in
+    return consts, warps, args
+
+
+def distinct(specs: list) -> list[tuple]:
+    """(spec, constexprs) of the distinct builds among ``specs`` (row lengths often compile the same kernel)."""
+    seen, out = set(), []
+    for spec in specs:
+        if spec[0].startswith("attn"):
+            out.append((spec, {}))
+            continue
+        consts, warps, _ = _launch_constexprs(spec)
+        key = (spec[1], spec[6], warps, tuple(sorted(consts.items())))
+        if key not in seen:
+            seen.add(key)
+            out.append((spec, consts))
+    return out
+
+
+def build(spec: tuple) -> tuple[int, int, int, int]:
+    """Compile one build (``table_builds``'s tuple) for sm_90 and assemble its PTX again with ptxas's
+    report, as triton does: (registers, stack frame bytes, spill stores bytes, SASS instructions)."""
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas  # (the ptxas triton builds sm_90 with)
+
+    from ringsoftmax.kernels import softmax_staged as S
+
+    _fake_sm90_driver()
+    if spec[0].startswith("attn"):
+        kernel = _attention_kernel(spec)
+    else:
+        consts, warps, args = _launch_constexprs(spec)
+        kernel = S._staged_kernel.warmup(*args, **consts, CLAIM=spec[6], num_warps=warps, grid=(1,))
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        report = subprocess.run([get_ptxas(90).path, "-lineinfo", "-v", "--gpu-name=sm_90a", ptx, "-o",
+                                 cubin], capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-g", "-c", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    frame, stores = (int(v) for v in re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", report).groups())
+    regs = int(re.search(r"Used (\d+) registers", report).group(1))
+    return regs, frame, stores, len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)), _local_lines(sass)
+
+
+def _attention_kernel(spec: tuple):
+    """Compile an ``attention_builds`` spec on (2, 1024, 4, D) bf16 meta tensors as its launcher would."""
+    import torch
+
+    from ringsoftmax.kernels import attention_bwd_gluon as BG, attention_fwd_gluon as FG
+
+    d, causal = spec[1], spec[2]
+    q = torch.empty((2, 1024, 4, d), dtype=torch.bfloat16, device="meta")
+    rows = torch.empty((2, 4, 1024), dtype=torch.float32, device="meta")
+    strides = [*q.stride()[:3]]
+    if spec[0] == "attn fwd":
+        tile = spec[3]
+        unused = torch.empty(1, dtype=torch.int32, device="meta")
+        return FG._gl_attn_fwd_ws_kernel.warmup(
+            q, q, q, q, rows, unused, unused, unused, 1024, 1024, 2, 4, 1, *strides * 4, 1.0, 0, HEAD_DIM=d,
+            BLOCK_M=tile[0], BLOCK_N=tile[1], STAGES=tile[2], CAUSAL=causal, CONSUMER_REGS=tile[3],
+            PRODUCER_REGS=tile[4], num_warps=4, grid=(1,))
+    accumulate, (block_m, stages, regs) = spec[3], spec[4]
+    return BG._gl_attn_bwd_dkdv_kernel.warmup(
+        q, q, q, q, rows, rows, q, q, 1024, 1024, 1024, 2, 4, 1, *strides * 6, 1.0, 1.0, 0, HEAD_DIM=d,
+        BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, ACCUMULATE=accumulate, CONSUMER_REGS=regs, num_warps=4,
+        grid=(1,))
+
+
+def _local_lines(sass: str) -> str:
+    """Where a build's local-memory (spill) instructions are: 'STL 1111, LDL 466, ...', by the kernel
+    source line of each (nvdisasm's line info; the line a helper is inlined from, not its call)."""
+    line, out = "?", []
+    for text in sass.splitlines():
+        found = re.search(r'File "[^"]*/([^/"]+)", line (\d+)', text)
+        if found:
+            line = found.group(2) if found.group(1) == "softmax_staged.py" else f"{found.group(1)}:{found.group(2)}"
+        op = re.search(r"\b(STL|LDL)(\.\w+)*\b", text)
+        if op and "/*" in text:
+            out.append(f"{op.group(1)} {line}")
+    return ", ".join(out)
+
+
+def build_key(spec, consts) -> str:
+    """A build's name: what it compiles (not the row length, which changes only the words' block)."""
+    if spec[0] == "attn fwd":
+        return f"attention fwd D={spec[1]}{' causal' if spec[2] else ''} tile {'x'.join(map(str, spec[3]))}"
+    if spec[0] == "attn dkdv":
+        return (f"attention dkdv D={spec[1]}{' causal' if spec[2] else ''}{' accumulate' if spec[3] else ''} "
+                f"config {'x'.join(map(str, spec[4]))}")
+    direction, elem, n, config, tma, shifted, claim, prior = spec
+    chunk, warps, stages, ahead, lag = config[:5]
+    return (f"{direction} {DTYPES[elem]} {chunk}x{warps} slots {stages} ahead {ahead} lag {lag} "
+            f"{'tma' if tma else 'cp.async'}{' shifted' if shifted else ''}{' fixed' if not claim else ''}"
+            f"{' prior' if prior else ''}{' merge' if consts.get('MERGE_WARPS') else ''}"
+            f"{' waits' if consts.get('MERGE_WAITS') else ''}"
+            f"{' maxnreg ' + str(consts['maxnreg']) if 'maxnreg' in consts else ''}")
+
+
+#: Spills the builds may have, by triton release (major.minor) and ``build_key``: bytes of spill
+#: stores (ptxas), and where they are. Every other build, and every build on other releases, must
+#: spill nothing: a new spill fails ``--check`` until it is fixed or measured and listed here.
+KNOWN_SPILLS = {
+    "3.6": {
+        # a row's words merged at maxnreg 128 (line ~721, once per row, not per element)
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 5 cp.async shifted merge maxnreg 128": 12,
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 12,
+        # two loop-invariant scalars at 96 registers (stored once, loaded once a step)
+        "bwd float32 4096x4 slots 3 ahead 1 lag 1 cp.async shifted": 8,
+        # scalars and one mask of the end vectors (loaded once a step)
+        "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async shifted": 16,
+        # attention: the forward's 192-row tile at D=64 (128 registers a compute thread; +1.8 to +4.0%
+        # over 128 rows at 2K-32K keys, H200, session 26), and the dK/dV kernel at D=128 (its per-step softmax tile;
+        # known since session 21, when it measured 453-475 TFLOP/s full, 390-475 causal, H100, against
+        # the Triton kernels' 435-456 / 367-454)
+        "attention fwd D=64 tile 192x128x2x160x32": 56,
+        "attention dkdv D=128 config 64x2x240": 20,
+        "attention dkdv D=128 accumulate config 64x2x240": 28,
+        "attention dkdv D=128 causal config 64x2x240": 192,
+        "attention dkdv D=128 causal accumulate config 64x2x240": 200,
+    },
+    "3.9": {
+        # scalars: the claim, the loop's rows, addresses (255 registers: the chunk held in registers)
+        "bwd bfloat16 8192x4 slots 3 ahead 2 lag 2 cp.async": 24,
+        "bwd bfloat16 16384x8 slots 3 ahead 2 lag 2 tma": 48,
+        # the row's words at the write (maxnreg 128)
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 8,
+        # offsets, masks and the write's inputs: per element (255 registers)
+        "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async shifted": 56,
+        # one loop-invariant scalar at 80 registers
+        "bwd bfloat16 6144x4 slots 3 ahead 1 lag 1 cp.async shifted fixed": 4,
+        # attention: as on 3.6, and the forward at D=128 (not causal), which 3.6 builds without a spill
+        "attention fwd D=64 tile 192x128x2x160x32": 56,
+        "attention fwd D=128 tile 128x128x2x232x40": 48,
+        "attention dkdv D=128 config 64x2x240": 16,
+        "attention dkdv D=128 accumulate config 64x2x240": 20,
+        "attention dkdv D=128 causal config 64x2x240": 164,
+        "attention dkdv D=128 causal accumulate config 64x2x240": 168,
+    },
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where a build spills more than KNOWN_SPILLS lists")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="builds compiled at once")
+    parser.add_argument("--only", help="one staged table (fwd/2, fwd/4, bwd/2 or bwd/4), or attention")
+    args = parser.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+
+    specs = table_builds(args.only) + (attention_builds() if args.only in (None, "attention") else [])
+    builds = distinct(specs)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(build, [spec for spec, _ in builds]))
+    print(f"triton {triton.__version__}, sm_90: {len(builds)} distinct builds of {len(specs)} in the tables")
+    known = KNOWN_SPILLS.get(".".join(triton.__version__.split(".")[:2]), {})
+    spills = []
+    for (spec, consts), (regs, frame, stores, instrs, where) in zip(builds, results):
+        key = build_key(spec, consts)
+        rows = f"N={spec[2]}" if not spec[0].startswith("attn") else ""
+        line = f"{key:88s} {rows:11s} regs {regs:3d} frame {frame:3d} spill {stores:3d} instrs {instrs:5d}"
+        print(line)
+        if stores > known.get(key, 0):
+            spills.append(f"{line}\n    at {where}")
+    if spills:
+        print(f"\n{len(spills)} builds spill more than KNOWN_SPILLS lists for triton {triton.__version__}:\n"
+              + "\n".join(spills))
+    return 1 if args.check and spills else 0
+
+if __name__ == "__main__":
+    sys.exit(main())
