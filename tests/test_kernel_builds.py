@@ -1,11 +1,11 @@
-"""The Gluon kernels' builds for sm_90, compiled on the CPU: none spills more than it is known to.
+"""The GPU kernels' builds for sm_90, compiled on the CPU: none spills more than it is known to.
 
 A spill in the staged kernel's steps cost up to 60 points of copy and went unseen for seven sessions
 (bf16 backward 1M-2M, session 41): no CPU test ran the kernel, and the GPU tests check values only.
-``benchmarks/probes/sm90_builds.py --check`` compiles every build the staged kernel's config tables
-and the Gluon attention kernels' tiles ask for with the installed triton and ptxas (no GPU: a
-stand-in driver names the target) and fails where one spills more than its ``KNOWN_SPILLS`` entry
-for this triton release (none listed: nothing).
+``benchmarks/probes/sm90_builds.py --check`` compiles every build the staged kernel's config tables,
+the Gluon attention kernels' tiles and the rows kernels' launches ask for with the installed triton and
+ptxas (no GPU: a stand-in driver names the target) and fails where one spills more than its
+``KNOWN_SPILLS`` entry for this triton release (none listed: nothing).
 """
 import os
 import pathlib
@@ -59,3 +59,8 @@ def test_sm90_builds_cover_the_tables():
                         assert (direction, elem, config, True, False) in built, (direction, elem, config)
     assert any(not claim for *_, claim, _ in specs) and any(prior for *_, prior in specs)
     assert any(spec[3][4] >= 5 and B._launch_constexprs(spec)[0]["MERGE_WARPS"] for spec in specs)
+    rows = B.rows_builds()
+    for direction in ("rows fwd", "rows bwd"):
+        for dtype in ("float32", "bfloat16"):
+            lengths = {n for d, t, _, n in rows if (d, t) == (direction, dtype)}
+            assert {1, 1000, 4097, 32768} <= lengths, (direction, dtype)

@@ -67,6 +67,16 @@ class knobs_set:
         restore(self.saved)
 
 
+def off_boundary(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of ``t`` that starts ``offset`` elements past a 16-byte boundary (``t`` if 0)."""
+    if not offset:
+        return t
+    flat = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+    out = flat[offset:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="300,4097")
@@ -78,6 +88,8 @@ def main():
     ap.add_argument("--lse", type=int, default=0, help="forward: 1 times softmax_with_lse, 0 softmax (y only)")
     ap.add_argument("--peer", type=int, default=1, help="0: no torch.compile (saves its compile time)")
     ap.add_argument("--scale", type=float, default=3.0, help="x = randn * scale")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="inputs (x; y and dy) start this many elements past a 16-byte boundary")
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in (args.variant or ["lib="]))
     saved = snapshot()
@@ -95,7 +107,7 @@ def main():
         dtype = DTYPES[dname]
         for n in map(int, args.sizes.split(",")):
             m = max(1, args.elements // n)
-            x = (torch.randn(m, n, device="cuda") * args.scale).to(dtype)
+            x = off_boundary((torch.randn(m, n, device="cuda") * args.scale).to(dtype), args.offset)
             for direction in args.dirs.split(","):
                 if direction == "fwd":
                     ref = torch.softmax(x.double(), -1)
@@ -105,7 +117,7 @@ def main():
                 else:
                     xx = x.detach().clone().requires_grad_()
                     yy = peer_fwd(xx) if args.peer else torch.softmax(xx, -1)
-                    y, dy = yy.detach(), torch.randn_like(yy)
+                    y, dy = off_boundary(yy.detach(), args.offset), off_boundary(torch.randn_like(yy), args.offset)
                     ref = y.double() * (dy.double() - (y.double() * dy.double()).sum(-1, keepdim=True))
                     nbytes = 3 * x.numel() * x.element_size()
                     ours = lambda: B.softmax_bwd(y, dy)  # noqa: E731

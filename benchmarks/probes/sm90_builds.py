@@ -1,19 +1,20 @@
-"""Compile the Gluon kernels' builds for sm_90 without a GPU: registers, spill, instructions.
+"""Compile the softmax and attention kernels' builds for sm_90 without a GPU: registers, spill, instructions.
 
 Every config the tables (``softmax_staged.STAGED_CONFIG``, ``_SHIFTED``, ``_WHOLE``) give some row,
 in each build a launch of it can take: loads by TMA and by cp.async (where the config is not
 ``tma_only``), rows 16-byte aligned or not (ALIGN), units claimed or fixed (lag 1), a merging
 partition or none (``MERGE_PARTITIONS``, by row length), with a prior (the held path, the tables'
-last entries); and the Gluon attention kernels' tiles (forward ``TILES``, ``SPLIT_TILE``; dK/dV
-``CONFIG``, causal or not, accumulating or not). Each is built for an sm_90 target by the installed
-triton, as a launch would build it, and its PTX assembled again by triton's ptxas for its report:
-registers per thread, stack frame and spill-store bytes, SASS instructions (nvdisasm), and where any
-spill is, by source line. A spill cost up to 60 points of copy in the staged kernel (session 41:
-bf16 backward 1M-2M at 40% for seven sessions, unseen: 112-128 bytes of spill stores); ``--check``
-exits 1 where a build spills more than ``KNOWN_SPILLS`` lists for the installed triton
-release, and the CPU tests run it (``tests/test_kernel_builds.py``).
+last entries); the Gluon attention kernels' tiles (forward ``TILES``, ``SPLIT_TILE``; dK/dV
+``CONFIG``, causal or not, accumulating or not); and the Triton rows kernels' launches (forward and
+backward, float32 and bf16) on rows of every length they take (``ROWS_LENGTHS``). Each is built for
+an sm_90 target by the installed triton, as a launch would build it, and its PTX assembled again by
+triton's ptxas for its report: registers per thread, stack frame and spill-store bytes, SASS
+instructions (nvdisasm), and where any spill is, by source line. A spill cost up to 60 points of
+copy in the staged kernel (session 41: bf16 backward 1M-2M at 40% for seven sessions, unseen:
+112-128 bytes of spill stores); ``--check`` exits 1 where a build spills more than ``KNOWN_SPILLS``
+lists for the installed triton release, and the CPU tests run it (``tests/test_kernel_builds.py``).
 
-    python benchmarks/probes/sm90_builds.py [--check] [--jobs 2] [--only fwd/2|attention]
+    python benchmarks/probes/sm90_builds.py [--check] [--jobs 2] [--only fwd/2|attention|rows]
 
 No GPU needed (a stand-in driver names the target); builds go to triton's cache, so a second run
 takes seconds. The builds depend on triton's release: the GPU machines' 3.6 and a fresh install's
@@ -119,6 +120,69 @@ def attention_builds() -> list[tuple]:
     return builds
 
 
+#: Row lengths the rows kernels' builds are collected on (``rows_builds``): every power of two, one past
+#: it and odd lengths between, up to the rows kernels' longest rows (``ROWS_MAX_N``).
+ROWS_LENGTHS = sorted({1, 2, 3, 7, 100, 127, 1000, 3000, 6000, 12000, 24000, 32000, 50000}
+                      | {1 << k for k in range(1, 17)} | {(1 << k) + 1 for k in range(1, 16)})
+
+
+class _Launches:
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **kwargs)`` records the launch instead."""
+
+    def __init__(self, kernel, sink: list):
+        self.kernel, self.sink = kernel, sink
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.sink.append((self.kernel, args, kwargs))
+
+
+def rows_builds(only: str | None = None) -> list[tuple]:
+    """("rows fwd" / "rows bwd", dtype, M, N) of the rows kernels' launches (``softmax_fwd._rows``,
+    ``softmax_bwd._rows``) on contiguous rows of each ``ROWS_LENGTHS`` length they take
+    (``softmax_fwd.rows_fit``), many rows (2^28 elements) and 7, float32 and bf16."""
+    import torch
+
+    from ringsoftmax.kernels import softmax_bwd as B, softmax_fwd as F
+
+    builds = []
+    for direction in ("fwd", "bwd"):
+        if only and only not in ("rows", f"rows {direction}"):
+            continue
+        for elem, dtype in DTYPES.items():
+            limit = F.ROWS_MAX_N[elem] if direction == "fwd" else B.BWD_ROWS_MAX_N
+            for n in ROWS_LENGTHS:
+                a = torch.empty((2, n), dtype=getattr(torch, dtype), device="meta")
+                if F.rows_fit(limit, a, a, direction=direction) is None:
+                    continue
+                for m in sorted({max(1, (1 << 28) // n), 7}):
+                    builds.append((f"rows {direction}", dtype, m, n))
+    return builds
+
+
+def _rows_launch(spec: tuple):
+    """(kernel, args, kwargs) of the rows kernel's launch on ``spec``'s meta tensors."""
+    import torch
+
+    from ringsoftmax.kernels import softmax_bwd as B, softmax_fwd as F
+
+    direction, dtype, m, n = spec
+    a = torch.empty((m, n), dtype=getattr(torch, dtype), device="meta")
+    out = torch.empty_like(a)
+    stats = torch.empty(m, dtype=torch.float32, device="meta")
+    sink = []
+    module, name = (F, "_softmax_rows_kernel") if direction == "rows fwd" else (B, "_bwd_rows_kernel")
+    kernel = getattr(module, name)
+    setattr(module, name, _Launches(kernel, sink))
+    try:
+        if direction == "rows fwd":
+            F._rows(a, out, stats, stats, stats, store_y=True)
+        else:
+            B._rows(a, a, out, None, store_dx=True)
+    finally:
+        setattr(module, name, kernel)
+    return sink[0]
+
+
 def _fake_sm90_driver():
     """Point triton's active driver at an sm_90 target with no device (compiles only)."""
     import torch
@@ -172,6 +236,14 @@ def distinct(specs: list) -> list[tuple]:
         if spec[0].startswith("attn"):
             out.append((spec, {}))
             continue
+        if spec[0].startswith("rows"):
+            kernel, args, kwargs = _rows_launch(spec)
+            key = (spec[0], spec[1], tuple(sorted(kwargs.items())),
+                   tuple((a % 16 == 0, a == 1) for a in args if isinstance(a, int)))
+            if key not in seen:
+                seen.add(key)
+                out.append((spec, kwargs))
+            continue
         consts, warps, _ = _launch_constexprs(spec)
         key = (spec[1], spec[6], warps, tuple(sorted(consts.items())))
         if key not in seen:
@@ -191,6 +263,9 @@ def build(spec: tuple) -> tuple[int, int, int, int]:
     _fake_sm90_driver()
     if spec[0].startswith("attn"):
         kernel = _attention_kernel(spec)
+    elif spec[0].startswith("rows"):
+        rows_kernel, args, kwargs = _rows_launch(spec)
+        kernel = rows_kernel.warmup(*args, **kwargs, grid=(1,))
     else:
         consts, warps, args = _launch_constexprs(spec)
         kernel = S._staged_kernel.warmup(*args, **consts, CLAIM=spec[6], num_warps=warps, grid=(1,))
@@ -250,6 +325,8 @@ def build_key(spec, consts) -> str:
     """A build's name: what it compiles (not the row length, which changes only the words' block)."""
     if spec[0] == "attn fwd":
         return f"attention fwd D={spec[1]}{' causal' if spec[2] else ''} tile {'x'.join(map(str, spec[3]))}"
+    if spec[0].startswith("rows"):
+        return f"{spec[0]} {spec[1]} " + " ".join(f"{k}={v}" for k, v in sorted(consts.items()))
     if spec[0] == "attn dkdv":
         return (f"attention dkdv D={spec[1]}{' causal' if spec[2] else ''}{' accumulate' if spec[3] else ''} "
                 f"config {'x'.join(map(str, spec[4]))}")
@@ -262,6 +339,9 @@ def build_key(spec, consts) -> str:
             f"{' maxnreg ' + str(consts['maxnreg']) if 'maxnreg' in consts else ''}")
 
 
+#: ``build_key`` of the forward rows kernel's bf16 build of 65536 columns (EVEN: N a multiple of the tile).
+ROWS_65536 = ("rows fwd bfloat16 ALIGN=1 BLOCK_M=1 BLOCK_N=65536 EDGES=False EVEN={e} FMA=False FTZ=False "
+              "LOAD_EVICT= OFFS64=False STORE_LSE=True STORE_Y=True TAIL_N=0 num_warps=16")
 #: Spills the builds may have, by triton release (major.minor) and ``build_key``: bytes of spill
 #: stores (ptxas), and where they are. Every other build, and every build on other releases, must
 #: spill nothing: a new spill fails ``--check`` until it is fixed or measured and listed here.
@@ -285,6 +365,14 @@ KNOWN_SPILLS = {
         "attention dkdv D=128 accumulate config 64x2x240": 28,
         "attention dkdv D=128 causal config 64x2x240": 192,
         "attention dkdv D=128 causal accumulate config 64x2x240": 200,
+        # the forward rows kernel's 16-bit tile of 65536 columns (128 elements a thread at 16 warps): rows
+        # past 32K take it only where the staged kernel does not run (no Gluon, or pointers off 16 bytes:
+        # there only up to ROWS_MAX_N_ELEMENTWISE since session 42, where it lost to the split path)
+        ROWS_65536.format(e=False): 268,
+        ROWS_65536.format(e=True): 284,
+        # rows of one element: 128 rows of a vector each per warp, their end-vector code (not timed)
+        "rows fwd bfloat16 ALIGN=8 BLOCK_M=128 BLOCK_N=8 EDGES=True EVEN=False FMA=False FTZ=False LOAD_EVICT= "
+        "OFFS64=False STORE_LSE=True STORE_Y=True TAIL_N=0 num_warps=1": 72,
     },
     "3.9": {
         # scalars: the claim, the loop's rows, addresses (255 registers: the chunk held in registers)
@@ -303,6 +391,9 @@ KNOWN_SPILLS = {
         "attention dkdv D=128 accumulate config 64x2x240": 20,
         "attention dkdv D=128 causal config 64x2x240": 164,
         "attention dkdv D=128 causal accumulate config 64x2x240": 168,
+        # as on 3.6
+        ROWS_65536.format(e=False): 248,
+        ROWS_65536.format(e=True): 252,
     },
 }
 
@@ -311,12 +402,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 where a build spills more than KNOWN_SPILLS lists")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="builds compiled at once")
-    parser.add_argument("--only", help="one staged table (fwd/2, fwd/4, bwd/2 or bwd/4), or attention")
+    parser.add_argument("--only", help="one staged table (fwd/2, fwd/4, bwd/2 or bwd/4), attention, rows, "
+                        "rows fwd or rows bwd")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
 
-    specs = table_builds(args.only) + (attention_builds() if args.only in (None, "attention") else [])
+    specs = (table_builds(args.only) + (attention_builds() if args.only in (None, "attention") else [])
+             + rows_builds(args.only))
     builds = distinct(specs)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(build, [spec for spec, _ in builds]))
@@ -325,7 +418,8 @@ def main(argv=None) -> int:
     spills = []
     for (spec, consts), (regs, frame, stores, instrs, where) in zip(builds, results):
         key = build_key(spec, consts)
-        rows = f"N={spec[2]}" if not spec[0].startswith("attn") else ""
+        rows = ("" if spec[0].startswith("attn") else f"N={spec[3]} M={spec[2]}" if spec[0].startswith("rows")
+                else f"N={spec[2]}")
         line = f"{key:88s} {rows:11s} regs {regs:3d} frame {frame:3d} spill {stores:3d} instrs {instrs:5d}"
         print(line)
         if stores > known.get(key, 0):
