@@ -192,6 +192,41 @@ def test_whole_vector_align(monkeypatch):
     assert F.rows_fit(300, bf[:, :300], direction="bwd") and not F.rows_fit(300, bf[:, :300])
 
 
+def test_rows_that_move_elements(monkeypatch):
+    """Rows whose tiles move an element at a time (a data pointer off 16 bytes, a row stride that breaks
+    the vectors) take the forward rows kernel up to ``ROWS_MAX_N_ELEMENTWISE`` columns, the others up to
+    ``ROWS_MAX_N``; longer ones take the split paths, which still compute the softmax."""
+    bf = torch.empty(3, 50001, dtype=torch.bfloat16)
+    off = bf.view(-1)[1:1 + 3 * 50000].view(3, 50000)                 # 2 bytes past 16
+    aligned = torch.empty(3, 50000, dtype=torch.bfloat16)
+    assert F.moves_elements(F.row_layout(off), off) and not F.moves_elements(F.row_layout(aligned), aligned)
+    assert not F.moves_elements(F.row_layout(bf[:, :301]), bf[:, :301])  # shifted vectors (ALIGN 8)
+    stride = torch.empty(4, 306, dtype=torch.bfloat16)[:, :300]
+    assert not F.moves_elements(F.row_layout(stride), stride)           # 4-byte vectors (ALIGN 2)
+    assert F.moves_elements((1, False, 300), stride)
+    limit = F.ROWS_MAX_N_ELEMENTWISE[2]
+    assert limit < F.ROWS_MAX_N[2]
+    assert F.rows_fit(F.ROWS_MAX_N[2], off) and not F.rows_fit(F.ROWS_MAX_N[2], off, elementwise_limit=limit)
+    assert F.rows_fit(F.ROWS_MAX_N[2], aligned, elementwise_limit=limit)
+    layout = (1, False, 30000)  # the backward: float32 rows that move elements try the staged kernel first
+    assert B.staged_first(layout, 4, elementwise=True) and not B.staged_first(layout, 4)
+    assert not B.staged_first((1, False, 8192), 4, elementwise=True)
+    # end to end (interpreter sizes): an element-at-a-time row past the limit takes the two-pass path
+    monkeypatch.setattr(F, "ROWS_MAX_N_ELEMENTWISE", {4: 32, 2: 32})
+    rows, run_rows = [], F._rows
+    monkeypatch.setattr(F, "_rows", lambda *a, **k: rows.append(1) or run_rows(*a, **k))
+    x = make_x(4, 101, torch.bfloat16, "cpu")
+    flat = torch.empty(4 * 101 + 1, dtype=torch.bfloat16)
+    x_off = flat[1:].view(4, 101)
+    x_off.copy_(x)
+    y, lse = F.softmax_fwd(x_off)
+    check_fwd(x_off, y, lse, TOL[torch.bfloat16])
+    assert not rows
+    y, lse = F.softmax_fwd(x_off[:, :30])
+    check_fwd(x_off[:, :30], y, lse, TOL[torch.bfloat16])
+    assert rows
+
+
 def test_rows_register_cap_and_backward_tiles(monkeypatch):
     """The forward rows kernel's register caps: programs of 16 warps or more whose threads hold 8
     elements (32 registers) or 16 to 32 (64) of the main tile (``ROWS_REGISTER_CAP``). The backward rows
@@ -783,6 +818,41 @@ def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatc
     check_bwd(yy, dy, B.softmax_bwd(yy, dy), TOL[dtype])
     layout = F.rows_fit(B.BWD_ROWS_MAX_N, yy, dy, yy, direction="bwd")
     assert (launched == ["bwd"]) == B.staged_first(layout, elem)
+    assert F.sync_failures("cuda") == 0
+
+
+def off_16_bytes(t):
+    """A copy of contiguous ``t`` whose data pointer is one element past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = flat[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, dtype", [(24576, torch.float32), (25600, torch.float32), (32768, torch.float32),
+                                      (40960, torch.bfloat16), (50000, torch.bfloat16)])
+def test_rows_off_16_bytes_gpu(n, dtype, poisoned, monkeypatch):
+    """Rows whose data pointer is off 16 bytes (their tiles move an element at a time): the forward's rows
+    kernel takes them up to ``ROWS_MAX_N_ELEMENTWISE`` columns, the split path beyond; the float32
+    backward tries the staged kernel first from ``BWD_STAGED_ELEMENTWISE_MIN_N``; values against float64."""
+    rows, run_rows = [], F._rows
+    monkeypatch.setattr(F, "_rows", lambda *a, **k: rows.append(1) or run_rows(*a, **k))
+    launched = []
+    launch = S.launch
+    monkeypatch.setattr(S, "launch",
+                        lambda direction, *a, **k: launched.append(direction) or launch(direction, *a, **k))
+    m, elem = 5, torch.finfo(dtype).bits // 8
+    x = off_16_bytes(make_x(m, n, dtype, "cuda"))
+    assert x.data_ptr() % 16
+    y, lse = F.softmax_fwd(x)
+    check_fwd(x, y, lse, TOL[dtype])
+    assert bool(rows) == (n <= F.ROWS_MAX_N_ELEMENTWISE[elem])
+    launched.clear()
+    yy, dy = (off_16_bytes(t) for t in softmax_pair(m, n, dtype, "cuda"))
+    check_bwd(yy, dy, B.softmax_bwd(yy, dy), TOL[dtype])
+    least = B.BWD_STAGED_ELEMENTWISE_MIN_N[elem]
+    assert (launched == ["bwd"]) == (least is not None and n >= least)
     assert F.sync_failures("cuda") == 0
 
 

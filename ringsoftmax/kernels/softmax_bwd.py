@@ -92,6 +92,14 @@ BWD_STAGED_MASKED = {4: (("tail",), 16384), 2: (("edges", "tail"), 16384)}
 #: rows of whole narrower vectors (the shifted table's 4096 by 4: 31000 / 32008 / 32760 89.6 / 89.8 / 89.8
 #: against 96.5 / 96.0 / 95.5).
 BWD_STAGED_ALIGNED_MIN_N = {4: None, 2: 30720}
+#: The same for rows whose tiles move an element at a time (``softmax_fwd.moves_elements``: a data
+#: pointer off 16 bytes, say; 16-bit rows so are never staged, ``softmax_staged.available``). H100, float32
+#: rows 4 bytes off 16 (``logs/2026-11-24-h100-s42-call7-offset.log``, ``-call8-offset.log``), % of copy,
+#: staged against the rows kernel: 25600 / 26624 / 27648 / 28000 / 30720 / 32000 / 32768 90.4 / 91.4 /
+#: 92.1 / 91.8 / 91.4 / 92.0 / 92.3 against 85.9 / 86.3 / 83.9 / 81.8 / 85.8 / 89.1 / 54.9 (torch.compile
+#: 58.5-60.0: 32768 was 0.93x it); but 29000 87.7 against 95.5, and shorter rows lost (24576 92.3
+#: against 95.7, 8192 92.4 against 102.4).
+BWD_STAGED_ELEMENTWISE_MIN_N = {4: 25600, 2: None}
 #: Eviction policy of the backward rows kernel's loads of y and dy ("" = the default).
 BWD_ROWS_LOAD_EVICT = ""
 #: Backward rows kernel, by element size: None holds whole rows in registers; a number sums the rows
@@ -376,12 +384,15 @@ def masked_kind(cols: int, elem: int, edges: bool) -> tuple[int, int, str | None
     return block_n, tail_n, "edges" if edges else "tail" if tail_n else None
 
 
-def staged_first(layout, elem: int) -> bool:
+def staged_first(layout, elem: int, elementwise: bool = False) -> bool:
     """Whether rows of ``softmax_fwd.rows_fit``'s ``layout`` (None: too long for the rows kernel) try
     the staged kernel before the rows kernel: rows past the rows kernel, aligned rows of at least
-    ``BWD_STAGED_ALIGNED_MIN_N`` columns, and masked rows (``masked_kind``) that ``BWD_STAGED_MASKED``
-    sends there."""
+    ``BWD_STAGED_ALIGNED_MIN_N`` columns, rows whose tiles move an element at a time (``elementwise``)
+    of at least ``BWD_STAGED_ELEMENTWISE_MIN_N``, and masked rows (``masked_kind``) that
+    ``BWD_STAGED_MASKED`` sends there."""
     if layout is None:
+        return True
+    if elementwise and (least := BWD_STAGED_ELEMENTWISE_MIN_N.get(elem)) and layout[2] >= least:
         return True
     if layout[0] == 1 and (least := BWD_STAGED_ALIGNED_MIN_N.get(elem)) and layout[2] >= least:
         return True
@@ -516,7 +527,8 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
         return dx
     # (rows past BWD_ROWS_MAX_N never fit the rows kernel: no layout to work out for them)
     layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd") if n <= BWD_ROWS_MAX_N else None
-    if fwd.staged_split("bwd", y, dy, dx, any_length=staged_first(layout, fwd.element_size(y, dy))):
+    elementwise = layout is not None and fwd.moves_elements(layout, y, dy, dx)
+    if fwd.staged_split("bwd", y, dy, dx, any_length=staged_first(layout, fwd.element_size(y, dy), elementwise)):
         pass
     elif layout:
         _rows(y, dy, dx, None, store_dx=True, layout=layout)

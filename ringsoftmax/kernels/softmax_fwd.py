@@ -46,6 +46,12 @@ from .hostmath import cdiv, next_power_of_2, prev_power_of_2
 #: Rows up to this length are handled whole by one program, in registers (bf16 at 64K: 68% of copy
 #: against 59% split; fp32 at 64K spills: 65% against 72% split).
 ROWS_MAX_N = {4: 32768, 2: 65536}
+#: The same for rows whose tiles move an element at a time (``moves_elements``: a data pointer off 16
+#: bytes, say): past it they take the split paths. The 16-bit build of 65536 columns (16 warps, 128
+#: elements a thread) spills 268-284 bytes (``benchmarks/probes/sm90_builds.py``, triton 3.6); on bf16
+#: rows 2 bytes off 16 (H100, session 42 calls 4-5) it ran 66-71% of copy at 34000-40000 against 50-62
+#: split, but 47-52 at 43000-65536 against 53-65 split (0.93-1.01x torch.compile, against 1.03-1.23x).
+ROWS_MAX_N_ELEMENTWISE = {4: 32768, 2: 40960}
 #: Elements per program in the rows kernel (one row if longer). Small programs win at small N:
 #: 99% of copy at N = 1K fp32 (1 row, 4 warps); bf16 1K 97-98% as one row per 1-warp program
 #: against 95-97% for 4 rows per 4-warp program (session 10); 16-warp programs lose.
@@ -769,12 +775,25 @@ def row_layout(*tensors: torch.Tensor, direction: str = "fwd") -> tuple[int, boo
     return align, edges, tensors[0].shape[1] + (align - 1 if edges else 0)
 
 
-def rows_fit(limit: int, *tensors: torch.Tensor, direction: str = "fwd") -> tuple[int, bool, int] | None:
+def rows_fit(limit: int, *tensors: torch.Tensor, direction: str = "fwd",
+             elementwise_limit: int | None = None) -> tuple[int, bool, int] | None:
     """The ``row_layout`` of (M, N) rows ``tensors`` (inputs and outputs) where they fit the
-    ``direction`` rows kernel of at most ``limit`` columns (the columns its tiles cover), else None.
+    ``direction`` rows kernel of at most ``limit`` columns (the columns its tiles cover; at most
+    ``elementwise_limit``, where given, on rows that ``moves_elements``), else None.
     The callers hand it on to the kernel's launch (``_rows``' ``layout``)."""
     layout = row_layout(*tensors, direction=direction)
+    if elementwise_limit is not None and moves_elements(layout, *tensors):
+        limit = min(limit, elementwise_limit)
     return layout if layout[2] <= limit else None
+
+
+def moves_elements(layout: tuple[int, bool, int], *tensors: torch.Tensor) -> bool:
+    """Whether the rows kernel's tiles move (M, N) rows ``tensors`` an element at a time under their
+    ``row_layout``: ALIGN 1 (no shifted vectors) where Triton's specializations do not give 16-byte
+    vectors either (N, a row stride or a data pointer not a multiple of 16 elements / bytes)."""
+    m, n = tensors[0].shape
+    return layout[0] == 1 and not (n % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+                                   and all(t.stride(0) % 16 == 0 for t in tensors if m > 1))
 
 
 def split_chunk(elem: int, table=None):
@@ -1069,7 +1088,8 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y, _empty_rows(x, m) if with_lse else None
-    short = rows_fit(ROWS_MAX_N[x.element_size()], x, y)
+    elem = x.element_size()
+    short = rows_fit(ROWS_MAX_N[elem], x, y, elementwise_limit=ROWS_MAX_N_ELEMENTWISE[elem])
     staged = staged_fits("fwd", x, x, y, any_length=short is None)
     # lse (M,) float32, not allocated where only the rows kernel runs and the caller drops it
     lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not short else None
@@ -1098,7 +1118,8 @@ def row_stats(x: torch.Tensor):
     m, n = x.shape
     if m == 0 or n == 0:
         return _empty_rows(x, m), torch.zeros(m, dtype=torch.float32, device=x.device)
-    if layout := rows_fit(ROWS_MAX_N[x.element_size()], x):
+    elem = x.element_size()
+    if layout := rows_fit(ROWS_MAX_N[elem], x, elementwise_limit=ROWS_MAX_N_ELEMENTWISE[elem]):
         mx = torch.empty(m, dtype=torch.float32, device=x.device)
         sx = torch.empty_like(mx)
         _rows(x, x, mx, mx, sx, store_y=False, layout=layout)
