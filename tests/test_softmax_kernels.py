@@ -86,6 +86,14 @@ def check_bwd(y, dy, dx, tol, delta=None):
     assert err <= tol * scale + floor, f"dx: {err / max(scale, 1e-300):.2e} of the |y| (|dy| + |delta|) scale"
 
 
+def off_16_bytes(t):
+    """A copy of contiguous ``t`` whose data pointer is one element past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = flat[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
 def softmax_pair(m, n, dtype, device, scale=3.0):
     """A real softmax output y (rows summing to 1, one all-zero row) and a random dy."""
     x = torch.randn(m, n, device=device) * scale
@@ -197,7 +205,7 @@ def test_rows_that_move_elements(monkeypatch):
     the vectors) take the forward rows kernel up to ``ROWS_MAX_N_ELEMENTWISE`` columns, the others up to
     ``ROWS_MAX_N``; longer ones take the split paths, which still compute the softmax."""
     bf = torch.empty(3, 50001, dtype=torch.bfloat16)
-    off = bf.view(-1)[1:1 + 3 * 50000].view(3, 50000)                 # 2 bytes past 16
+    off = off_16_bytes(torch.empty(3, 50000, dtype=torch.bfloat16))   # 2 bytes past 16
     aligned = torch.empty(3, 50000, dtype=torch.bfloat16)
     assert F.moves_elements(F.row_layout(off), off) and not F.moves_elements(F.row_layout(aligned), aligned)
     assert not F.moves_elements(F.row_layout(bf[:, :301]), bf[:, :301])  # shifted vectors (ALIGN 8)
@@ -215,10 +223,7 @@ def test_rows_that_move_elements(monkeypatch):
     monkeypatch.setattr(F, "ROWS_MAX_N_ELEMENTWISE", {4: 32, 2: 32})
     rows, run_rows = [], F._rows
     monkeypatch.setattr(F, "_rows", lambda *a, **k: rows.append(1) or run_rows(*a, **k))
-    x = make_x(4, 101, torch.bfloat16, "cpu")
-    flat = torch.empty(4 * 101 + 1, dtype=torch.bfloat16)
-    x_off = flat[1:].view(4, 101)
-    x_off.copy_(x)
+    x_off = off_16_bytes(make_x(4, 101, torch.bfloat16, "cpu"))
     y, lse = F.softmax_fwd(x_off)
     check_fwd(x_off, y, lse, TOL[torch.bfloat16])
     assert not rows
@@ -819,14 +824,6 @@ def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatc
     layout = F.rows_fit(B.BWD_ROWS_MAX_N, yy, dy, yy, direction="bwd")
     assert (launched == ["bwd"]) == B.staged_first(layout, elem)
     assert F.sync_failures("cuda") == 0
-
-
-def off_16_bytes(t):
-    """A copy of contiguous ``t`` whose data pointer is one element past a 16-byte boundary."""
-    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    out = flat[1:].view(t.shape)
-    out.copy_(t)
-    return out
 
 
 @pytest.mark.gpu

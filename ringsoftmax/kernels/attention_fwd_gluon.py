@@ -255,8 +255,8 @@ if gluon is not None:
     def _tile_view(buf):
         """A (rows, D) shared-memory tile seen as the (1, rows, 1, D) box of a (B, S, H, D) descriptor."""
         return buf.reinterpret(buf.dtype, [1, buf.shape[0], 1, buf.shape[1]],
-                                gl.NVMMASharedLayout(swizzle_byte_width=buf.type.layout.swizzle_byte_width,
-                                                     element_bitwidth=buf.type.layout.element_bitwidth, rank=4))
+                               gl.NVMMASharedLayout(swizzle_byte_width=buf.type.layout.swizzle_byte_width,
+                                                    element_bitwidth=buf.type.layout.element_bitwidth, rank=4))
 
     @gluon.jit
     def _ws_producer(q_s, k_desc, v_desc, k_s, v_s, k_ready, v_ready, k_free, v_free, PartO, Sk, H, GROUP, n_m, BH,

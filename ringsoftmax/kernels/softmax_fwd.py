@@ -50,7 +50,7 @@ ROWS_MAX_N = {4: 32768, 2: 65536}
 #: bytes, say): past it they take the split paths. The 16-bit build of 65536 columns (16 warps, 128
 #: elements a thread) spills 268-284 bytes (``benchmarks/probes/sm90_builds.py``, triton 3.6); on bf16
 #: rows 2 bytes off 16 (H100, session 42 calls 4-5) it ran 66-71% of copy at 34000-40000 against 50-62
-#: split, but 47-52 at 43000-65536 against 53-65 split (0.93-1.01x torch.compile, against 1.03-1.23x).
+#: split, but 47-55 at 43000-65536 against 53-65 split (0.93-1.01x torch.compile, against 1.03-1.23x).
 ROWS_MAX_N_ELEMENTWISE = {4: 32768, 2: 40960}
 #: Elements per program in the rows kernel (one row if longer). Small programs win at small N:
 #: 99% of copy at N = 1K fp32 (1 row, 4 warps); bf16 1K 97-98% as one row per 1-warp program

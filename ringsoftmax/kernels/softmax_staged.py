@@ -682,8 +682,8 @@ if gluon is not None:
     def _box(slot):
         """A ring slot (R, W) seen as the (1, R, W) box of an (M, N / W, W) descriptor (TMA's view)."""
         return slot.reinterpret(slot.dtype, [1, slot.shape[0], slot.shape[1]],
-                                 gl.NVMMASharedLayout(swizzle_byte_width=0,
-                                                      element_bitwidth=slot.dtype.primitive_bitwidth, rank=3))
+                                gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                     element_bitwidth=slot.dtype.primitive_bitwidth, rank=3))
 
     @gluon.jit
     def _pack(stat, aux):
