@@ -216,9 +216,13 @@ def test_rows_that_move_elements(monkeypatch):
     assert limit < F.ROWS_MAX_N[2]
     assert F.rows_fit(F.ROWS_MAX_N[2], off) and not F.rows_fit(F.ROWS_MAX_N[2], off, elementwise_limit=limit)
     assert F.rows_fit(F.ROWS_MAX_N[2], aligned, elementwise_limit=limit)
-    layout = (1, False, 30000)  # the backward: float32 rows that move elements try the staged kernel first
-    assert B.staged_first(layout, 4, elementwise=True) and not B.staged_first(layout, 4)
-    assert not B.staged_first((1, False, 8192), 4, elementwise=True)
+    # the backward: float32 rows that move elements try the staged kernel first
+    f32 = off_16_bytes(torch.empty(3, 30000))
+    layout = F.row_layout(f32, f32, f32, direction="bwd")
+    assert layout == (1, False, 30000)
+    assert B.staged_first(layout, 4, f32, f32, f32) and not B.staged_first(layout, 4)
+    f32 = f32[:, :8192]
+    assert not B.staged_first(F.row_layout(f32, f32, f32, direction="bwd"), 4, f32, f32, f32)
     # end to end (interpreter sizes): an element-at-a-time row past the limit takes the two-pass path
     monkeypatch.setattr(F, "ROWS_MAX_N_ELEMENTWISE", {4: 32, 2: 32})
     rows, run_rows = [], F._rows

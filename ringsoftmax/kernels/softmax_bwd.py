@@ -384,15 +384,16 @@ def masked_kind(cols: int, elem: int, edges: bool) -> tuple[int, int, str | None
     return block_n, tail_n, "edges" if edges else "tail" if tail_n else None
 
 
-def staged_first(layout, elem: int, elementwise: bool = False) -> bool:
+def staged_first(layout, elem: int, *tensors: torch.Tensor) -> bool:
     """Whether rows of ``softmax_fwd.rows_fit``'s ``layout`` (None: too long for the rows kernel) try
     the staged kernel before the rows kernel: rows past the rows kernel, aligned rows of at least
-    ``BWD_STAGED_ALIGNED_MIN_N`` columns, rows whose tiles move an element at a time (``elementwise``)
-    of at least ``BWD_STAGED_ELEMENTWISE_MIN_N``, and masked rows (``masked_kind``) that
-    ``BWD_STAGED_MASKED`` sends there."""
+    ``BWD_STAGED_ALIGNED_MIN_N`` columns, rows ``tensors`` (where given) whose tiles move an element at a
+    time (``softmax_fwd.moves_elements``) of at least ``BWD_STAGED_ELEMENTWISE_MIN_N``, and masked rows
+    (``masked_kind``) that ``BWD_STAGED_MASKED`` sends there."""
     if layout is None:
         return True
-    if elementwise and (least := BWD_STAGED_ELEMENTWISE_MIN_N.get(elem)) and layout[2] >= least:
+    least = BWD_STAGED_ELEMENTWISE_MIN_N.get(elem)
+    if tensors and least and layout[2] >= least and fwd.moves_elements(layout, *tensors):
         return True
     if layout[0] == 1 and (least := BWD_STAGED_ALIGNED_MIN_N.get(elem)) and layout[2] >= least:
         return True
@@ -527,8 +528,7 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
         return dx
     # (rows past BWD_ROWS_MAX_N never fit the rows kernel: no layout to work out for them)
     layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd") if n <= BWD_ROWS_MAX_N else None
-    elementwise = layout is not None and fwd.moves_elements(layout, y, dy, dx)
-    if fwd.staged_split("bwd", y, dy, dx, any_length=staged_first(layout, fwd.element_size(y, dy), elementwise)):
+    if fwd.staged_split("bwd", y, dy, dx, any_length=staged_first(layout, fwd.element_size(y, dy), y, dy, dx)):
         pass
     elif layout:
         _rows(y, dy, dx, None, store_dx=True, layout=layout)

@@ -730,14 +730,21 @@ def row_align(*tensors: torch.Tensor) -> int:
     strides that differ modulo the vector, so that a row starts at different offsets within 16 bytes
     in different tensors: those rows move an element at a time); else 16 bytes in elements of the
     narrowest dtype."""
-    m, n = tensors[0].shape
-    strides = [t.stride(0) if m > 1 else 0 for t in tensors]
-    if n % 16 == 0 and all(s % 16 == 0 for s in strides):
+    if whole_vectors(*tensors):
         return 1
+    m = tensors[0].shape[0]
+    strides = [t.stride(0) if m > 1 else 0 for t in tensors]
     align = 16 // min(t.element_size() for t in tensors)
     if any(t.data_ptr() % 16 for t in tensors) or len({s % align for s in strides}) > 1:
         return 1
     return align
+
+
+def whole_vectors(*tensors: torch.Tensor) -> bool:
+    """Whether N and every row stride of (M, N) rows ``tensors`` are multiples of 16 elements (Triton's
+    specializations then give the tiles 16-byte vectors, where the data pointers are 16-byte aligned)."""
+    m, n = tensors[0].shape
+    return n % 16 == 0 and all(t.stride(0) % 16 == 0 for t in tensors if m > 1)
 
 
 def row_edges(align: int, *tensors: torch.Tensor) -> bool:
@@ -782,7 +789,7 @@ def rows_fit(limit: int, *tensors: torch.Tensor, direction: str = "fwd",
     ``elementwise_limit``, where given, on rows that ``moves_elements``), else None.
     The callers hand it on to the kernel's launch (``_rows``' ``layout``)."""
     layout = row_layout(*tensors, direction=direction)
-    if elementwise_limit is not None and moves_elements(layout, *tensors):
+    if elementwise_limit is not None and layout[2] > elementwise_limit and moves_elements(layout, *tensors):
         limit = min(limit, elementwise_limit)
     return layout if layout[2] <= limit else None
 
@@ -791,9 +798,7 @@ def moves_elements(layout: tuple[int, bool, int], *tensors: torch.Tensor) -> boo
     """Whether the rows kernel's tiles move (M, N) rows ``tensors`` an element at a time under their
     ``row_layout``: ALIGN 1 (no shifted vectors) where Triton's specializations do not give 16-byte
     vectors either (N, a row stride or a data pointer not a multiple of 16 elements / bytes)."""
-    m, n = tensors[0].shape
-    return layout[0] == 1 and not (n % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
-                                   and all(t.stride(0) % 16 == 0 for t in tensors if m > 1))
+    return layout[0] == 1 and not (whole_vectors(*tensors) and all(t.data_ptr() % 16 == 0 for t in tensors))
 
 
 def split_chunk(elem: int, table=None):
