@@ -1054,6 +1054,34 @@ def test_staged_grid_plan_cpu(monkeypatch):
     assert S.grid_plan("bwd", 3, 16, 264) == (48, False)
 
 
+def test_staged_spill_fallbacks_cpu(monkeypatch):
+    """A table config whose build spills on the installed triton gives way to its ``SPILL_FALLBACKS``
+    config (shifted bf16 rows of the lag-2 ring of 16384, aligned float32 backward rows of the lag-2 ring
+    of 4096); a build that does not spill, or a config the caller gives, stays."""
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 528)
+    spilled = {"bytes": 0}
+    monkeypatch.setattr(F, "local_bytes", lambda *args: spilled["bytes"])
+    n = 524289
+    x, y, lse = torch.empty(2, n, dtype=torch.bfloat16), torch.empty(2, n, dtype=torch.bfloat16), torch.empty(2)
+    assert F.row_align(x, x, y) > 1  # (the second row starts off 16 bytes)
+    table = S.launch_config("fwd", x, x, y)
+    assert table[:5] == (16384, 4, 3, 1, 2) and ("fwd", 2, *table[:5], True) in S.SPILL_FALLBACKS
+
+    def taken(direction, a, b, out, lse, config=None):
+        consts = S._launch_plan(direction, a, b, out, lse, config, None)[3]
+        return consts["CHUNK"], consts["STAGES"], consts["LAG"]
+
+    assert taken("fwd", x, x, y, lse) == (16384, 3, 2)
+    spilled["bytes"] = 8
+    assert taken("fwd", x, x, y, lse) == (8192, 4, 2)
+    assert taken("fwd", x, x, y, lse, table) == (16384, 3, 2)  # as given
+    dy = torch.empty(3, 131072)
+    assert S.launch_config("bwd", dy, dy)[:5] == (4096, 4, 3, 2, 2)
+    assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 1)
+    spilled["bytes"] = 0
+    assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 2)
+
+
 def test_staged_plan_memo_cpu(monkeypatch):
     """A launch plan is built once per layout and knob setting: again for another shape, stride,
     dtype or 16-byte alignment of the rows, or after a knob the plans read has changed."""

@@ -253,7 +253,7 @@ def main():
                     t = bench(lambda: run(cfg))
                     timed = F.sync_failures("cuda") - before
                     q = triton.cdiv(n, cfg[0])
-                    programs = max(F._OCCUPANCY[k] for k in key if dict(k[2]).get("CHUNK") == cfg[0]
+                    programs = max(F._OCCUPANCY[k][0] for k in key if dict(k[2]).get("CHUNK") == cfg[0]
                                    and dict(k[2]).get("STAGES") == cfg[2] and dict(k[2]).get("LAG") == cfg[4]
                                    and k[3] == cfg[1] and dict(k[2]).get("BWD") == (direction == "bwd"))
                     use = S.grid_plan(direction, m, q, programs, lag=cfg[4])[0] / programs

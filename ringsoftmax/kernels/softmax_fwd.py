@@ -829,7 +829,7 @@ def use_persistent(t: torch.Tensor, row_bytes: int, max_row_bytes, elem: int) ->
 
 
 _ERR = {}
-_OCCUPANCY = {}
+_OCCUPANCY = {}  # build key -> (resident programs, local bytes a thread): ``_build_stats``
 
 
 def error_counter(device: torch.device) -> torch.Tensor:
@@ -857,8 +857,19 @@ def resident_programs(kernel, args, constexprs: dict, num_warps: int, key) -> in
     """
     if RESIDENT_PROGRAMS is not None:
         return RESIDENT_PROGRAMS
+    return _build_stats(kernel, args, constexprs, num_warps, key)[0]
+
+
+def local_bytes(kernel, args, constexprs: dict, num_warps: int, key) -> int:
+    """Local memory a thread of ``kernel``'s build (this config) takes: its register spills, as the
+    triton installed here and its ptxas build it (0 in the interpreter). Cached by ``key``."""
+    return _build_stats(kernel, args, constexprs, num_warps, key)[1]
+
+
+def _build_stats(kernel, args, constexprs: dict, num_warps: int, key) -> tuple[int, int]:
+    """(resident programs, local bytes a thread) of a build: see ``resident_programs``, ``local_bytes``."""
     if is_interpreter(args[0]):
-        return 4
+        return 4, 0
     device = args[0].device
     key = (key, str(device), tuple(sorted(constexprs.items())), num_warps)
     if key not in _OCCUPANCY:
@@ -871,7 +882,8 @@ def resident_programs(kernel, args, constexprs: dict, num_warps: int, key) -> in
         # (a warp-specialized build has more warps than it was asked for: its partitions')
         warps = getattr(compiled.metadata, "num_warps", num_warps)
         occ = occupancy(compiled.n_regs, compiled.metadata.shared, warps, props["max_num_regs"], per_sm)
-        _OCCUPANCY[key] = props["multiprocessor_count"] * occ
+        # (triton's n_spills is the driver's local memory size a thread, in 4-byte words)
+        _OCCUPANCY[key] = (props["multiprocessor_count"] * occ, 4 * int(getattr(compiled, "n_spills", 0) or 0))
     return _OCCUPANCY[key]
 
 

@@ -285,6 +285,22 @@ STAGED_CONFIG_SHIFTED = {
                  (1048577, (4096, 4, 7, 1, 5, False)), (4325377, (4096, 4, 7, 1, 6, False)),
                  (5406721, (4096, 4, 7, 1, 7, False))],
 }
+#: Configs that give way to another where their build spills registers on the triton installed (its
+#: ptxas and flags: triton 3.9 passes ``--regAllocOptLevel=2``, and there these builds spill where 3.6's do
+#: not), keyed by (direction, element size, chunk, warps, slots, ahead, lag, rows shifted (ALIGN > 1)):
+#: the fallback config, taken where its launch holds the row (``_launch_plan``). H100, session 43
+#: (``-s43-call5-configs.log``), % of copy, spilling table build against the fallback, on 3.9 (3.6 keeps
+#: the table's, which runs 2-13 points ahead there):
+#:  - bf16 forward shifted lag 2 of 16384 (532 bytes spilled): 49.4-51.7 against 88.2 at 600011-2000003;
+#:  - bf16 forward shifted lag 1 of 8192 at maxnreg 128 (52 bytes, the claimed build): 76.0 against 89.5
+#:    at 65537 (chunks of 9216);
+#:  - float32 backward lag 2 ahead 2 of 4096 (8 bytes): 89.2 / 89.3 against 100.7 / 95.7 at 128256 /
+#:    256000 (lag 1).
+SPILL_FALLBACKS = {
+    ("fwd", 2, 16384, 4, 3, 1, 2, True): (8192, 4, 4, 1, 2, False),
+    ("fwd", 2, 8192, 4, 3, 1, 1, True): (9216, 4, 3, 1, 1, False),
+    ("bwd", 4, 4096, 4, 3, 2, 2, False): (4096, 4, 3, 1, 1, False),
+}
 #: Padding a row's chunks of sub-tiles (``sub_tile``) counts this much more than a power of two's, by
 #: (direction, element size), where an entry of ``STAGED_CONFIG_SHIFTED`` has alternatives (``least_padded``):
 #: the bf16 forward's lag-1 ring reads a chunk of sub-tiles twice to reduce it; 5% put the rule's choice within
@@ -326,8 +342,12 @@ FOLD_DIVISION_16BIT = True
 FOLD_MIN_LAG = 2
 #: Cache policies of the cp.async loads and of the output stores ("" = the default policy). On an
 #: H200 (session 11) the default store policy beat evict_first by 0.1-1.0 points of copy in every
-#: forward cell at 64K-4M and 0.1-0.4 backward; the load policy moved nothing beyond +-0.3.
-LOAD_EVICT = "evict_first"
+#: forward cell at 64K-4M and 0.1-0.4 backward. The loads' evict_first measured nothing then, because
+#: triton <= 3.6 drops the policy of a cp.async; triton 3.9 emits it (an L2 cache hint), and there it
+#: cost the backward 2-3 points (H100, session 43: float32 50257 91.0 against 94.4% of copy, bf16
+#: 1000003 91.0 against 94.3, float32 128256 87.0 against 89.2), where 3.6 gives the same figures with
+#: and without it.
+LOAD_EVICT = ""
 STORE_EVICT = ""
 #: TMA (Hopper's bulk tensor copies, sm_90+): the configs that ask for it load each chunk as one
 #: copy per program and row, completing on an mbarrier, where the rows allow it (``tma_width``;
@@ -1538,9 +1558,22 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
 
 def _launch_plan(direction: str, a, b, out, lse, config, prior):
     """(grid, claim, Q, constexprs, num_warps) of ``launch`` on these rows, or None where one row's
-    chunks outnumber what the resident grid holds."""
+    chunks outnumber what the resident grid holds. Without a given ``config``: the table's
+    (``launch_config``), or its ``SPILL_FALLBACKS`` entry where the table's build spills here and the
+    fallback's plan holds the row."""
+    plan = _plan(direction, a, b, out, lse, config or launch_config(direction, a, b, out), prior)
+    if plan is None or config is not None:
+        return plan
+    fallback = SPILL_FALLBACKS.get((direction, F.element_size(a, b), plan[3]["CHUNK"], plan[4], plan[3]["STAGES"],
+                                    plan[3]["AHEAD"], plan[3]["LAG"], plan[3]["ALIGN"] > 1))
+    if fallback is None or not _spills(direction, a, b, out, lse, prior, plan):
+        return plan
+    return _plan(direction, a, b, out, lse, fallback, prior) or plan
+
+
+def _plan(direction: str, a, b, out, lse, config, prior):
+    """``_launch_plan`` of one config."""
     m, n = a.shape
-    config = config or launch_config(direction, a, b, out)
     chunk, _, stages, ahead, lag, _ = config
     if (stages, ahead, lag) not in RINGS:
         raise ValueError(f"staged softmax config {config}: the kernel's rings, (STAGES, AHEAD, LAG), are {RINGS} "
@@ -1563,6 +1596,13 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
         if grid == 0:
             return None
     return grid, claim, q, consts, warps
+
+
+def _spills(direction: str, a, b, out, lse, prior, plan) -> bool:
+    """Whether the build ``plan`` launches (its constexprs and claim) spills registers here."""
+    grid, claim, q, consts, warps = plan
+    args = _kernel_args(a, b, out, lse, prior, consts, _stand_in_words(a.device), q)
+    return F.local_bytes(_staged_kernel, args, dict(consts, CLAIM=claim), warps, _build_key(args)) > 0
 
 
 def held_columns(direction: str, a, b, out, config=None) -> int:
@@ -1624,9 +1664,13 @@ def _stand_in_words(device):
 def _resident(args, consts, warps, claim: bool) -> int:
     """Programs of this build the GPU holds at once: the grid is what it holds, sized from the
     compiled kernel (``softmax_fwd.resident_programs``)."""
+    return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps, _build_key(args))
+
+
+def _build_key(args) -> tuple:
+    """What a staged build specializes on beyond its constexprs (``_kernel_args``'s arguments)."""
     a, b, out, n = args[0], args[1], args[2], args[10]
-    return F.resident_programs(_staged_kernel, args, dict(consts, CLAIM=claim), warps,
-                               ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out))
+    return ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out)
 
 
 def memo(name: str, tensors, extra, build):
@@ -1636,7 +1680,8 @@ def memo(name: str, tensors, extra, build):
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
              WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
-             tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(MERGE_PARTITIONS.items()),
+             tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(SPILL_FALLBACKS.items()),
+             tuple(MERGE_PARTITIONS.items()),
              MERGE_REGS, tuple((k, tuple(v)) for k, v in STAGED_CONFIG_SHIFTED.items()), tuple(SUB_TILE_COST.items()),
              tuple(CLAIM_MAX_ROW_SHARE.items()),
              tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
