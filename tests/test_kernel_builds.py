@@ -4,7 +4,8 @@ A spill in the staged kernel's steps cost up to 60 points of copy and went unsee
 (bf16 backward 1M-2M, session 41): no CPU test ran the kernel, and the GPU tests check values only.
 ``benchmarks/probes/sm90_builds.py --check`` compiles every build the staged kernel's config tables,
 the Gluon attention kernels' tiles and the rows kernels' launches ask for with the installed triton and
-ptxas (no GPU: a stand-in driver names the target) and fails where one spills more than its
+its ptxas and flags (triton's own ``make_cubin``; no GPU: a stand-in driver names the target) and fails
+where one spills more than its
 ``KNOWN_SPILLS`` entry for this triton release (none listed: nothing).
 """
 import os
@@ -57,6 +58,8 @@ def test_sm90_builds_cover_the_tables():
                         assert (direction, elem, config, False, shifted) in built, (direction, elem, config)
                     if config[5] and not shifted:
                         assert (direction, elem, config, True, False) in built, (direction, elem, config)
+    for (direction, elem, *_, shifted), fallback in S.SPILL_FALLBACKS.items():
+        assert (direction, elem, fallback, False, shifted) in built, fallback
     assert any(not claim for *_, claim, _ in specs) and any(prior for *_, prior in specs)
     assert any(spec[3][4] >= 5 and B._launch_constexprs(spec)[0]["MERGE_WARPS"] for spec in specs)
     rows = B.rows_builds()

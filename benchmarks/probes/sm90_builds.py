@@ -8,7 +8,7 @@ last entries); the Gluon attention kernels' tiles (forward ``TILES``, ``SPLIT_TI
 ``CONFIG``, causal or not, accumulating or not); and the Triton rows kernels' launches (forward and
 backward, float32 and bf16) on rows of every length they take (``ROWS_LENGTHS``). Each is built for
 an sm_90 target by the installed triton, as a launch would build it, and its PTX assembled again by
-triton's ptxas for its report: registers per thread, stack frame and spill-store bytes, SASS
+triton's own ``make_cubin`` (its ptxas and flags) for ptxas's report: registers per thread, stack frame and spill-store bytes, SASS
 instructions (nvdisasm), and where any spill is, by source line. A spill cost up to 60 points of
 copy in the staged kernel (session 41: bf16 backward 1M-2M at 40% for seven sessions, unseen:
 112-128 bytes of spill stores); ``--check`` exits 1 where a build spills more than ``KNOWN_SPILLS``
@@ -94,11 +94,38 @@ def table_builds(only: str | None = None) -> list[tuple]:
                     key = (direction, elem, tuple(config[:5]))
                     loads = [False] if shifted else ([True] if config[5] else []) + (
                         [] if S.tma_only(direction, elem, config) else [False])
+                    # (and the config that replaces it where its build spills, on cp.async rows)
+                    fallback = S.SPILL_FALLBACKS.get((direction, elem, *config[:5], shifted))
                     for n in _lengths(lo, hi, key, shifted):
                         for tma in loads:
                             for claim in ([True, False] if config[4] == 1 else [True]):
                                 for prior in ([False, True] if last else [False]):
                                     builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior))
+                        for claim in ([True, False] if fallback and fallback[4] == 1 else [True] if fallback else []):
+                            builds.append((direction, elem, n, tuple(fallback), False, shifted, claim, False))
+    return builds + _shifted_gap_builds(only)
+
+
+def _shifted_gap_builds(only: str | None) -> list[tuple]:
+    """Builds of shifted rows where ``STAGED_CONFIG_SHIFTED`` has no config (its None entries): those rows
+    take the main table's configs that are not ``tma_only``, by cp.async, shifted."""
+    from ringsoftmax.kernels import softmax_staged as S
+
+    builds = []
+    for (direction, elem), shifted_entries in S.STAGED_CONFIG_SHIFTED.items():
+        if only and only != f"{direction}/{elem}":
+            continue
+        main = [(s, c) for s, c in S.STAGED_CONFIG[direction, elem] if not S.tma_only(direction, elem, c)]
+        for i, (start, entry) in enumerate(shifted_entries):
+            if entry is not None:
+                continue
+            end = shifted_entries[i + 1][0] - 1 if i + 1 < len(shifted_entries) else 1 << 40
+            for j, (_, config) in enumerate(main):
+                lo, hi = _range_ends(main, j, max(start, S.STAGED_MIN_N[direction, elem]), direction, elem, config)
+                key = (direction, elem, tuple(config[:5]))
+                for n in _lengths(lo, min(hi, end), key, True) if min(hi, end) >= lo else []:
+                    for claim in ([True, False] if config[4] == 1 else [True]):
+                        builds.append((direction, elem, n, tuple(config), False, True, claim, False))
     return builds
 
 
@@ -253,10 +280,11 @@ def distinct(specs: list) -> list[tuple]:
 
 
 def build(spec: tuple) -> tuple[int, int, int, int]:
-    """Compile one build (``table_builds``'s tuple) for sm_90 and assemble its PTX again with ptxas's
-    report, as triton does: (registers, stack frame bytes, spill stores bytes, SASS instructions)."""
+    """Compile one build (``table_builds``'s tuple) for sm_90 and assemble its PTX again through triton's own
+    ``make_cubin`` (the ptxas and flags a launch uses: triton >= 3.9 adds ``--regAllocOptLevel=2``, which
+    changes where ptxas spills): (registers, stack frame bytes, spill stores bytes, SASS instructions,
+    where the spills are)."""
     import triton
-    from triton.backends.nvidia.compiler import get_ptxas  # (the ptxas triton builds sm_90 with)
 
     from ringsoftmax.kernels import softmax_staged as S
 
@@ -269,18 +297,46 @@ def build(spec: tuple) -> tuple[int, int, int, int]:
     else:
         consts, warps, args = _launch_constexprs(spec)
         kernel = S._staged_kernel.warmup(*args, **consts, CLAIM=spec[6], num_warps=warps, grid=(1,))
+    report, cubin = _assemble(kernel)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(ptx, "w") as f:
-            f.write(kernel.asm["ptx"])
-        report = subprocess.run([get_ptxas(90).path, "-lineinfo", "-v", "--gpu-name=sm_90a", ptx, "-o",
-                                 cubin], capture_output=True, text=True, check=True).stderr
-        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-g", "-c", cubin], capture_output=True, text=True,
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-g", "-c", path], capture_output=True, text=True,
                               check=True).stdout
     frame, stores = (int(v) for v in re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", report).groups())
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     return regs, frame, stores, len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)), _local_lines(sass)
+
+
+def _assemble(kernel) -> tuple[str, bytes]:
+    """(ptxas's report, cubin) of a compiled kernel's PTX, assembled by triton's backend with the kernel's
+    options, as its compile did (the report is what ptxas wrote to the log file triton hands it)."""
+    import triton.backends.nvidia.compiler as nvidia
+    from triton.backends.compiler import GPUTarget
+
+    backend = nvidia.CUDABackend(GPUTarget("cuda", 90, 32))
+    # (a warp-specialized kernel's num_warps counts its partitions' warps: not a power of two; ptxas's flags
+    # do not depend on it)
+    options = backend.parse_options({k: v for k, v in kernel.metadata._asdict().items() if k != "num_warps"})
+    logs = []
+    run = nvidia.subprocess.run
+
+    def spy(cmd, *args, **kwargs):
+        done = run(cmd, *args, **kwargs)
+        if "-v" in cmd and kwargs.get("stderr") is not None:
+            with open(kwargs["stderr"].name) as f:
+                logs.append(f.read())
+        return done
+
+    nvidia.subprocess.run = spy
+    try:
+        cubin = backend.make_cubin(kernel.asm["ptx"], {}, options, 90)
+    finally:
+        nvidia.subprocess.run = run
+    assert len(logs) == 1, "triton's make_cubin no longer runs ptxas -v once with a log file"
+    return logs[0], cubin
 
 
 def _attention_kernel(spec: tuple):
@@ -342,6 +398,9 @@ def build_key(spec, consts) -> str:
 #: ``build_key`` of the forward rows kernel's bf16 build of 65536 columns (EVEN: N a multiple of the tile).
 ROWS_65536 = ("rows fwd bfloat16 ALIGN=1 BLOCK_M=1 BLOCK_N=65536 EDGES=False EVEN={e} FMA=False FTZ=False "
               "LOAD_EVICT= OFFS64=False STORE_LSE=True STORE_Y=True TAIL_N=0 num_warps=16")
+#: ``build_key`` of the forward rows kernel's bf16 build of 16384 columns at maxnreg 64 (rows of 16K-32K).
+ROWS_16384 = ("rows fwd bfloat16 ALIGN={align} BLOCK_M=1 BLOCK_N=16384 EDGES={edges} EVEN=False FMA=False FTZ=False "
+              "LOAD_EVICT= OFFS64=False STORE_LSE=True STORE_Y=True TAIL_N={tail} maxnreg=64 num_warps=16")
 #: Spills the builds may have, by triton release (major.minor) and ``build_key``: bytes of spill
 #: stores (ptxas), and where they are. Every other build, and every build on other releases, must
 #: spill nothing: a new spill fails ``--check`` until it is fixed or measured and listed here.
@@ -375,25 +434,46 @@ KNOWN_SPILLS = {
         "OFFS64=False STORE_LSE=True STORE_Y=True TAIL_N=0 num_warps=1": 72,
     },
     "3.9": {
-        # scalars: the claim, the loop's rows, addresses (255 registers: the chunk held in registers)
-        "bwd bfloat16 8192x4 slots 3 ahead 2 lag 2 cp.async": 24,
-        "bwd bfloat16 16384x8 slots 3 ahead 2 lag 2 tma": 48,
-        # the row's words at the write (maxnreg 128)
-        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 8,
-        # offsets, masks and the write's inputs: per element (255 registers)
-        "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async shifted": 56,
-        # one loop-invariant scalar at 80 registers
-        "bwd bfloat16 6144x4 slots 3 ahead 1 lag 1 cp.async shifted fixed": 4,
-        # attention: as on 3.6, and the forward at D=128 (not causal), which 3.6 builds without a spill
-        "attention fwd D=64 tile 192x128x2x160x32": 56,
-        "attention fwd D=128 tile 128x128x2x232x40": 48,
-        "attention dkdv D=128 config 64x2x240": 16,
-        "attention dkdv D=128 accumulate config 64x2x240": 20,
-        "attention dkdv D=128 causal config 64x2x240": 164,
-        "attention dkdv D=128 causal accumulate config 64x2x240": 168,
-        # as on 3.6
-        ROWS_65536.format(e=False): 248,
-        ROWS_65536.format(e=True): 252,
+        # Triton 3.9 assembles with ptxas 13.4 and --regAllocOptLevel=2 (a workaround of triton's for a ptxas
+        # 13 bug), and these builds spill where 3.6's do not. Measured on an H100 with 3.9 (session 43), the
+        # first three cost 13-43 points of copy; where they spill, the launch takes the config that
+        # softmax_staged.SPILL_FALLBACKS gives (88.2 / 89.5 / 100.7% against 52.7 / 76.2 / 87.3):
+        "fwd bfloat16 16384x4 slots 3 ahead 1 lag 2 cp.async shifted": 532,
+        "fwd bfloat16 8192x4 slots 3 ahead 1 lag 1 cp.async shifted maxnreg 128": 52,
+        "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async": 8,
+        # the bf16 fallback's own build (scalars, 8 bytes): it ran 88.2% at 600011-2000003
+        "fwd bfloat16 8192x4 slots 4 ahead 1 lag 2 cp.async shifted": 8,
+        # bf16 forward rows of 4194305-5767168 shifted: 78% on 3.9 against 91 on 3.6 (without the cap 78.8);
+        # no config measured better there yet
+        "fwd bfloat16 8192x4 slots 4 ahead 1 lag 3 cp.async shifted maxnreg 168": 252,
+        # not measured on 3.9: rings that hold a chunk in registers (255 registers) or run at a register cap
+        "fwd float32 8192x4 slots 7 ahead 1 lag 7 tma": 4,
+        "fwd float32 8192x4 slots 7 ahead 1 lag 7 tma prior": 4,
+        "fwd bfloat16 8192x4 slots 3 ahead 1 lag 1 cp.async": 4,
+        "fwd bfloat16 16384x4 slots 3 ahead 1 lag 2 cp.async": 20,
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 tma merge maxnreg 128": 80,
+        "bwd float32 4096x4 slots 7 ahead 1 lag 7 tma prior merge maxnreg 248": 16,
+        "bwd bfloat16 8192x4 slots 3 ahead 2 lag 2 cp.async": 64,
+        "bwd bfloat16 16384x8 slots 3 ahead 2 lag 2 tma": 92,
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 5 cp.async shifted merge maxnreg 128": 180,
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 320,
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 7 cp.async shifted": 12,
+        "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async shifted": 212,
+        "bwd float32 4096x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 248": 4,
+        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted": 12,
+        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted prior": 32,
+        # attention: as on 3.6, more bytes, and the forward at D=128 (not causal)
+        "attention fwd D=64 tile 192x128x2x160x32": 348,
+        "attention fwd D=128 tile 128x128x2x232x40": 68,
+        "attention dkdv D=128 config 64x2x240": 108,
+        "attention dkdv D=128 accumulate config 64x2x240": 112,
+        "attention dkdv D=128 causal config 64x2x240": 380,
+        "attention dkdv D=128 causal accumulate config 64x2x240": 388,
+        # rows kernels: the 65536-column tile as on 3.6; 16-bit rows of 16K-32K at maxnreg 64 (not measured on 3.9)
+        ROWS_65536.format(e=False): 276,
+        ROWS_65536.format(e=True): 348,
+        ROWS_16384.format(align=8, edges=True, tail=8): 4,
+        ROWS_16384.format(align=1, edges=False, tail=8192): 32,
     },
 }
 
