@@ -1561,11 +1561,11 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
     chunks outnumber what the resident grid holds. Without a given ``config``: the table's
     (``launch_config``), or its ``SPILL_FALLBACKS`` entry where the table's build spills here and the
     fallback's plan holds the row."""
-    plan = _plan(direction, a, b, out, lse, config or launch_config(direction, a, b, out), prior)
+    chosen = config or launch_config(direction, a, b, out)
+    plan = _plan(direction, a, b, out, lse, chosen, prior)
     if plan is None or config is not None:
         return plan
-    fallback = SPILL_FALLBACKS.get((direction, F.element_size(a, b), plan[3]["CHUNK"], plan[4], plan[3]["STAGES"],
-                                    plan[3]["AHEAD"], plan[3]["LAG"], plan[3]["ALIGN"] > 1))
+    fallback = SPILL_FALLBACKS.get((direction, F.element_size(a, b), *chosen[:5], plan[3]["ALIGN"] > 1))
     if fallback is None or not _spills(direction, a, b, out, lse, prior, plan):
         return plan
     return _plan(direction, a, b, out, lse, fallback, prior) or plan
