@@ -98,12 +98,17 @@ def table_builds(only: str | None = None) -> list[tuple]:
                     fallback = S.SPILL_FALLBACKS.get((direction, elem, *config[:5], shifted))
                     for n in _lengths(lo, hi, key, shifted):
                         for tma in loads:
-                            for claim in ([True, False] if config[4] == 1 else [True]):
+                            for claim in _claims(config):
                                 for prior in ([False, True] if last else [False]):
                                     builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior))
-                        for claim in ([True, False] if fallback and fallback[4] == 1 else [True] if fallback else []):
+                        for claim in _claims(fallback) if fallback else []:
                             builds.append((direction, elem, n, tuple(fallback), False, shifted, claim, False))
     return builds + _shifted_gap_builds(only)
+
+
+def _claims(config) -> list[bool]:
+    """Unit choices a launch of ``config`` may build: claimed, and for lag-1 rings fixed units too."""
+    return [True, False] if config[4] == 1 else [True]
 
 
 def _shifted_gap_builds(only: str | None) -> list[tuple]:
@@ -122,9 +127,9 @@ def _shifted_gap_builds(only: str | None) -> list[tuple]:
             end = shifted_entries[i + 1][0] - 1 if i + 1 < len(shifted_entries) else 1 << 40
             for j, (_, config) in enumerate(main):
                 lo, hi = _range_ends(main, j, max(start, S.STAGED_MIN_N[direction, elem]), direction, elem, config)
-                key = (direction, elem, tuple(config[:5]))
-                for n in _lengths(lo, min(hi, end), key, True) if min(hi, end) >= lo else []:
-                    for claim in ([True, False] if config[4] == 1 else [True]):
+                hi = min(hi, end)
+                for n in _lengths(lo, hi, (direction, elem, tuple(config[:5])), True) if hi >= lo else []:
+                    for claim in _claims(config):
                         builds.append((direction, elem, n, tuple(config), False, True, claim, False))
     return builds
 
