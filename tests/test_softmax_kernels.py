@@ -1189,6 +1189,28 @@ def test_staged_four_programs_that_fill_shared_memory_gpu(poisoned):
     assert F.sync_failures("cuda") == 0
 
 
+@pytest.mark.gpu
+def test_staged_rows_at_full_capacity_gpu(poisoned, monkeypatch):
+    """bf16 backward rows of exactly the deepest ring's capacity (``held_columns``, the held path's
+    fill), 40 of them, ten calls: no wait gives up. A program whose started claim is a unit of the row
+    it waits for publishes that unit first (``PUBLISH_OWN_CLAIM``); without that, 1 to 7 calls in 12
+    had waits that gave up, on an H100 (session 44). ``SPIN_MAX`` is lowered so that a give-up costs
+    milliseconds here, not seconds; normal waits last microseconds."""
+    probe = torch.empty(1, 8 << 20, dtype=torch.bfloat16, device="cuda")
+    n = S.held_columns("bwd", probe, probe, probe)
+    y, dy = softmax_pair(40, n, torch.bfloat16, "cuda")
+    plan = S._launch_plan("bwd", y, dy, torch.empty_like(dy), None, None, None)
+    assert plan is not None and plan[2] * S.launch_config("bwd", y, dy)[0] == n   # whole rows, one launch
+    monkeypatch.setattr(F, "SPIN_MAX", 1 << 12)
+    before = F.sync_failures("cuda")
+    for _ in range(10):
+        dx = B.softmax_bwd(y, dy)
+    torch.cuda.synchronize()
+    assert F.sync_failures("cuda") == before
+    assert dx.is_contiguous()
+    check_bwd(y[::13], dy[::13], dx[::13].contiguous(), TOL[torch.bfloat16])  # (every 13th row: float64 copies)
+
+
 def test_held_width_cpu(monkeypatch):
     """Where the held path cuts rows: its fill of the staged kernel's capacity in whole chunks, none
     where whole rows fit, the held share is under the direction's minimum or the call moves fewer

@@ -349,6 +349,15 @@ FOLD_MIN_LAG = 2
 #: and without it.
 LOAD_EVICT = ""
 STORE_EVICT = ""
+#: A program about to wait for a row's partial words, where the claim it started this step is a unit of
+#: that same row, publishes that unit's partial first, read from global memory (``_publish_own_claim``):
+#: else it would wait for itself, and every program in turn for that row, until the waits give up
+#: (``spin_max`` polls, seconds). That happened where rows fill a ring's ``capacity``: the held path's
+#: bf16 backward of 8M / 16M, its rows at full capacity (session 44, H100: calls of 1 ms took 8-14 s on
+#: triton 3.9 and up to 164 s on 3.6 with 2^24 polls, 975-1137 waits given up in a call). Units that
+#: were taken (issued or loaded) were already reduced early where in the written row; the started
+#: claim was not. Chunks of one tile only (deep rings); False: the kernel as before (for A/B runs).
+PUBLISH_OWN_CLAIM = True
 #: TMA (Hopper's bulk tensor copies, sm_90+): the configs that ask for it load each chunk as one
 #: copy per program and row, completing on an mbarrier, where the rows allow it (``tma_width``;
 #: others take cp.async). False: cp.async everywhere. (TMA stores, the output written back into its
@@ -576,6 +585,28 @@ if gluon is not None:
         gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
 
     @gluon.jit
+    def _publish_own_claim(A, B, P, claim, lanes, row, Q, N, stride_a, stride_b, BWD: gl.constexpr,
+                           layout: gl.constexpr, ALIGN: gl.constexpr, CHUNK: gl.constexpr):
+        """Where the unit of the started ``claim`` (``_claim_take``) is a chunk of ``row``, publish its
+        partial, the chunk read from global memory as its slot would hold it (``_load_unit``: outside
+        the row -inf forward, 0 backward) and reduced as ``_reduce_unit`` does (``_publish``), so its
+        word is the same when the unit is reduced again at its step. Chunks of one tile (KSUB = 1)."""
+        c_row, c_q = _claim_take(claim, lanes, Q)
+        if c_row == row:
+            offs = gl.arange(0, CHUNK, layout)
+            base_a, h = _row_start(row, stride_a, ALIGN)
+            start = c_q.to(gl.int64) * CHUNK
+            inside = (offs >= (h - start).to(gl.int32)) & (offs < (N + h - start).to(gl.int32))
+            if BWD:
+                base_b, _ = _row_start(row, stride_b, ALIGN)
+                a = gl.load(A + base_a + start + offs, mask=inside, other=0.0)
+                b = gl.load(B + base_b + start + offs, mask=inside, other=0.0)
+            else:
+                a = gl.load(A + base_a + start + offs, mask=inside, other=float("-inf"))
+                b = a
+            _publish(P, row, c_q, Q, a, b, BWD)
+
+    @gluon.jit
     def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, stride_a, offs, BWD: gl.constexpr, layout: gl.constexpr,
                      ALIGN: gl.constexpr, CHUNK: gl.constexpr):
         """Reduce chunk ``q`` of ``row`` (landed in ring slot ``i``) to its partial and publish it as
@@ -742,8 +773,9 @@ if gluon is not None:
         return n, stat
 
     @gluon.jit
-    def _row_stat(P, w, Q, spin_max, ERR, BWD: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr):
-        """(all in, stat, sum) of a row from its partial words ``w``, re-read until none is PENDING.
+    def _row_stat(P, w, n, stat, Q, spin_max, ERR, BWD: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr):
+        """(all in, stat, sum) of a row from its partial words ``w`` (``_words_stat``'s (n, stat) of them
+        given), re-read until none is PENDING.
 
         A word still PENDING after ``spin_max`` re-reads counts in ``ERR``; the caller then computes the
         row's statistic from the inputs (``spin_max < 0``: always, which tests use). Each read of the
@@ -751,7 +783,6 @@ if gluon is not None:
         together), the forward's sum one more: four were taken before (the loop's test, the final test,
         the max, the sum). On an H200 +1.7 to +2.9 points of copy in the forward at bf16 1M-2M and fp32
         2M, -0.2 to -1.2 at 64K, fp32 1M, bf16 4M and the bf16 backward (session 26)."""
-        n, stat = _words_stat(w, BWD)
         spins = 0
         while (n != 0) & (spins < spin_max):
             w = _row_words(P, Q, BWD, PBLK, layout)
@@ -914,14 +945,20 @@ if gluon is not None:
         return m, s
 
     @gluon.jit
-    def _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max, BWD: gl.constexpr,
-                    PIECE: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, layout: gl.constexpr,
-                    playout: gl.constexpr, ALIGN: gl.constexpr):
+    def _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max, claim, lanes,
+                    BWD: gl.constexpr, PIECE: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr,
+                    layout: gl.constexpr, playout: gl.constexpr, ALIGN: gl.constexpr, OWN: gl.constexpr,
+                    CHUNK: gl.constexpr):
         """(stat, sum) of ``row`` from its partial words (``words``: a first read of them), or, where
         the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``); with
         ``HAS_PRIOR``, merged with the statistic of the row's other columns, (PRIOR[row],
-        PRIOR[M + row])."""
-        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
+        PRIOR[M + row]). ``OWN``: where words are pending, the unit of the program's started ``claim``
+        (``_claim_start`` over ``lanes``) is published first if it is in this row (``_publish_own_claim``)."""
+        n, stat = _words_stat(words, BWD)
+        if OWN:
+            if n != 0:
+                _publish_own_claim(A, B, P, claim, lanes, row, Q, N, stride_a, stride_b, BWD, layout, ALIGN, CHUNK)
+        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, n, stat, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
             m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, PIECE, layout, ALIGN)
         if HAS_PRIOR:
@@ -935,7 +972,7 @@ if gluon is not None:
                        STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
                        TMA_W: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr,
                        MERGE_WARPS: gl.constexpr, MERGE_EARLY: gl.constexpr, MERGE_REGS: gl.constexpr,
-                       MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr):
+                       MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr, OWN_CLAIM: gl.constexpr):
         """One program of the grid: one unit (chunk u % Q of row u // Q) per step, claimed from the
         counter (``CLAIM``) or fixed (see the module doc); the steps are ``_staged_steps``.
 
@@ -1009,14 +1046,15 @@ if gluon is not None:
                                                  stride_o, Q, spin_max, ring_a, ring_b, bars, rows, stats, queue_bars,
                                                  BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT, STORE_EVICT, FOLD,
                                                  TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS,
-                                                 ALIGN)),
+                                                 ALIGN, OWN_CLAIM)),
                                 (_merge_partition, (A, B, P, ERR, PRIOR, M, N, stride_a, stride_b, Q, spin_max, rows,
                                                     stats, queue_bars, BWD, PBLK, HAS_PRIOR, MERGE_WAITS, ALIGN))],
                                [MERGE_WARPS], [MERGE_REGS])
         else:
             _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
                           ring_a, ring_b, bars, bars, bars, bars, BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT,
-                          STORE_EVICT, FOLD, TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS, ALIGN)
+                          STORE_EVICT, FOLD, TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS, ALIGN,
+                          OWN_CLAIM)
 
     @gluon.jit
     def _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
@@ -1024,13 +1062,15 @@ if gluon is not None:
                       STAGES: gl.constexpr, AHEAD: gl.constexpr, LAG: gl.constexpr, PBLK: gl.constexpr,
                       LOAD_EVICT: gl.constexpr, STORE_EVICT: gl.constexpr, FOLD: gl.constexpr,
                       TMA_LOAD: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr, MERGE: gl.constexpr,
-                      MERGE_EARLY: gl.constexpr, MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr):
+                      MERGE_EARLY: gl.constexpr, MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr,
+                      OWN_CLAIM: gl.constexpr):
         """A program's steps (``_staged_kernel``'s arguments; ``ring_a``, ``ring_b``: its slots, ``bars``
         their TMA barriers). ``MERGE``: the rows' statistics come from the merging partition through
         ``rows`` and ``stats`` (``_queue_put``, ``_queue_get``; ``queue_bars`` 0-1 and 2-3): item t is
         the row of the unit written at step t, sent at step t - MERGE_EARLY, its statistic taken at
         step t (every item, in order: a slot is reused two items on), a sum < 0 where the partition
-        left the row to the steps (not ``MERGE_WAITS``: its read found words pending)."""
+        left the row to the steps (not ``MERGE_WAITS``: its read found words pending). ``OWN_CLAIM``: see
+        ``PUBLISH_OWN_CLAIM`` (claimed units, chunks of one tile)."""
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -1060,6 +1100,7 @@ if gluon is not None:
                                else VEC * 32 * gl.num_warps())
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         STEPS_MERGE: gl.constexpr = (not MERGE) or (not MERGE_WAITS)  # the steps read and merge words
+        OWN: gl.constexpr = OWN_CLAIM and CLAIM and DEEP and (KSUB == 1)  # (PUBLISH_OWN_CLAIM)
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
         # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in its slot
         # or, HOLD, in registers). A row >= M stands for none; once no unit is left, none is taken.
@@ -1070,6 +1111,7 @@ if gluon is not None:
                 nxt_row, nxt_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
             claim = _claim_start(P, M, Q, lanes)
         else:
+            claim = lanes.to(gl.int64) * 0  # (no claims: unused)
             cur_row = gl.program_id(0) // Q
             cur_q = gl.program_id(0) - cur_row * Q
             if AHEAD2:
@@ -1230,13 +1272,14 @@ if gluon is not None:
                     if STEPS_MERGE:
                         if fresh:
                             m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q,
-                                               spin_max, BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN)
+                                               spin_max, claim, lanes, BWD, PIECE, PBLK, HAS_PRIOR, layout, playout,
+                                               ALIGN, OWN, CHUNK)
                     st_row = w_row
                     st_m = m
                     st_s = s
                 else:
                     m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q, spin_max,
-                                       BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN)
+                                       claim, lanes, BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN, OWN, CHUNK)
                 if HAS_PRIOR:  # the whole row's statistic, for its other columns
                     gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
                     gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
@@ -1366,8 +1409,11 @@ if gluon is not None:
                 if (row < M) & (row != last):
                     words = _row_words(P + row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
                     if WAITS:
+                        # (the steps' claims are theirs: OWN off; a wait here on a row that a step's
+                        # started claim is in gives up, PUBLISH_OWN_CLAIM)
                         m, s = _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max,
-                                           BWD, VEC * 32 * gl.num_warps(), PBLK, HAS_PRIOR, layout, playout, ALIGN)
+                                           row, row, BWD, VEC * 32 * gl.num_warps(), PBLK, HAS_PRIOR, layout,
+                                           playout, ALIGN, False, 1)
                         last = row
                         sent_m = m
                         sent_s = s
@@ -1638,7 +1684,8 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior,
                   MERGE_WARPS=merge_warps, MERGE_EARLY=merge_early, MERGE_REGS=MERGE_REGS,
-                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align)
+                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align,
+                  OWN_CLAIM=PUBLISH_OWN_CLAIM)
     caps = [REGISTER_CAPS.get(key), merge_cap, SHIFTED_REGISTER_CAPS.get(key) if align > 1 else None]
     if any(caps):
         consts["maxnreg"] = min(cap for cap in caps if cap)
