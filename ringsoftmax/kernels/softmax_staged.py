@@ -296,10 +296,15 @@ STAGED_CONFIG_SHIFTED = {
 #:    at 65537 (chunks of 9216);
 #:  - float32 backward lag 2 ahead 2 of 4096 (8 bytes): 89.2 / 89.3 against 100.7 / 95.7 at 128256 /
 #:    256000 (lag 1).
+#: Session 44 (H100, ``-s44-call2-gaveup-bwd16.log``, ``knobs.py``, 3 rounds):
+#:  - bf16 backward lag 2 ahead 2 of 16384 by 8 warps, TMA (92 bytes): 58.0 / 58.1 / 57.8 against 100.3 /
+#:    100.2 / 100.2 at 2^20 / 1.5 * 2^20 / 2^21 for lag 5 of 4096 by TMA (3.6, where the table's build does
+#:    not spill: 99.4 / 99.3 / 99.0 against 100.3 for lag 5).
 SPILL_FALLBACKS = {
     ("fwd", 2, 16384, 4, 3, 1, 2, True): (8192, 4, 4, 1, 2, False),
     ("fwd", 2, 8192, 4, 3, 1, 1, True): (9216, 4, 3, 1, 1, False),
     ("bwd", 4, 4096, 4, 3, 2, 2, False): (4096, 4, 3, 1, 1, False),
+    ("bwd", 2, 16384, 8, 3, 2, 2, False): (4096, 4, 7, 1, 5, True),
 }
 #: Padding a row's chunks of sub-tiles (``sub_tile``) counts this much more than a power of two's, by
 #: (direction, element size), where an entry of ``STAGED_CONFIG_SHIFTED`` has alternatives (``least_padded``):
