@@ -354,15 +354,22 @@ FOLD_MIN_LAG = 2
 #: and without it.
 LOAD_EVICT = ""
 STORE_EVICT = ""
-#: A program about to wait for a row's partial words, where the claim it started this step is a unit of
-#: that same row, publishes that unit's partial first, read from global memory (``_publish_own_claim``):
-#: else it would wait for itself, and every program in turn for that row, until the waits give up
-#: (``spin_max`` polls, seconds). That happened where rows fill a ring's ``capacity``: the held path's
-#: bf16 backward of 8M / 16M, its rows at full capacity (session 44, H100: calls of 1 ms took 8-14 s on
-#: triton 3.9 and up to 164 s on 3.6 with 2^24 polls, 975-1137 waits given up in a call). Units that
-#: were taken (issued or loaded) were already reduced early where in the written row; the started
-#: claim was not. Chunks of one tile only (deep rings); False: the kernel as before (for A/B runs).
+#: A program still waiting for a row's partial words after ``OWN_CLAIM_POLLS`` re-reads, where the claim it
+#: started this step is a unit of that same row, publishes that unit's partial, read from global memory
+#: (``_publish_own_claim``): else it waits for itself, and every program in turn for that row, until the
+#: waits give up (``spin_max`` polls, seconds). That happened in rows at a deep ring's full ``capacity``
+#: (H100, session 44, before this: the held path's bf16 backward of 8M, its rows at full capacity, 7 of
+#: 12 calls on triton 3.9 with waits that gave up, calls of 1 ms taking up to 1.5 s at 2^16 polls and 8-14 s
+#: at 2^20; bf16 backward rows of 6488064, 1 of 12 calls on 3.6 and 5 of 12 on 3.9; on 3.6 one call of
+#: 164 s at 2^24 polls). Units already taken (issued or loaded) were reduced early where in the written
+#: row; the started claim was not. Deep rings, claimed units, chunks of one tile; False: off (A/B runs).
 PUBLISH_OWN_CLAIM = True
+#: ... only in launches whose rows fill at least this share of their ring's ``capacity`` (``_plan``): the
+#: build with it runs slower everywhere (H200, session 44, side by side with it off: bf16 backward 3M /
+#: 3.5M / 4M 90.0 / 85.0 / 88.0% of copy against 95.1 / 88.1 / 96.5, float32 backward 3M 91.2 against
+#: 97.8, full-capacity bf16 backward 6488064 85.6 against 94.5; bf16 forward 8M 86.6 either way), and
+#: the waits were seen to give up only in rows at full capacity.
+OWN_CLAIM_MIN_FILL = 0.97
 #: TMA (Hopper's bulk tensor copies, sm_90+): the configs that ask for it load each chunk as one
 #: copy per program and row, completing on an mbarrier, where the rows allow it (``tma_width``;
 #: others take cp.async). False: cp.async everywhere. (TMA stores, the output written back into its
@@ -487,6 +494,12 @@ if gluon is not None:
     IDENTITY_FWD = gl.constexpr(-(1 << 55))  # the word of (max, sum) = (-inf, 0): bits 0xFF800000 << 32
     LOG2E = gl.constexpr(1.4426950408889634)
     FIFO = gl.constexpr(8)  # the longest lag of a deep ring (its units behind are kept in vectors of 8)
+    # re-reads of a row's pending words before a program looks for its own started claim in that row
+    # (``_merged_row``, PUBLISH_OWN_CLAIM): looking on the first pending read, a reduction across the CTA
+    # each time, cost the H200 6-9 points of copy in the deep backward rings, whose first read often
+    # finds words pending (session 44); a wait on itself never ends, one on other programs within
+    # microseconds
+    OWN_CLAIM_POLLS = gl.constexpr(64)
 
     @gluon.jit
     def _row_start(row, stride, ALIGN: gl.constexpr):
@@ -591,7 +604,7 @@ if gluon is not None:
 
     @gluon.jit
     def _publish_own_claim(A, B, P, claim, lanes, row, Q, N, stride_a, stride_b, BWD: gl.constexpr,
-                           layout: gl.constexpr, ALIGN: gl.constexpr, CHUNK: gl.constexpr):
+                           layout: gl.constexpr, CHUNK: gl.constexpr, ALIGN: gl.constexpr):
         """Where the unit of the started ``claim`` (``_claim_take``) is a chunk of ``row``, publish its
         partial, the chunk read from global memory as its slot would hold it (``_load_unit``: outside
         the row -inf forward, 0 backward) and reduced as ``_reduce_unit`` does (``_publish``), so its
@@ -778,9 +791,13 @@ if gluon is not None:
         return n, stat
 
     @gluon.jit
-    def _row_stat(P, w, n, stat, Q, spin_max, ERR, BWD: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr):
-        """(all in, stat, sum) of a row from its partial words ``w`` (``_words_stat``'s (n, stat) of them
-        given), re-read until none is PENDING.
+    def _row_stat(P, w, Q, spin_max, ERR, A, B, P0, claim, lanes, row, N, stride_a, stride_b, BWD: gl.constexpr,
+                  PBLK: gl.constexpr, layout: gl.constexpr, OWN: gl.constexpr, unit_layout: gl.constexpr,
+                  CHUNK: gl.constexpr, ALIGN: gl.constexpr):
+        """(all in, stat, sum) of a row from its partial words ``w`` (at ``P``), re-read until none is
+        PENDING. ``OWN``: after ``OWN_CLAIM_POLLS`` re-reads, the program's started ``claim`` is published
+        where it is a unit of this ``row`` (``_publish_own_claim``, with the arguments from A to stride_b,
+        P0 the words of row 0, and ``unit_layout``, CHUNK and ALIGN).
 
         A word still PENDING after ``spin_max`` re-reads counts in ``ERR``; the caller then computes the
         row's statistic from the inputs (``spin_max < 0``: always, which tests use). Each read of the
@@ -788,8 +805,13 @@ if gluon is not None:
         together), the forward's sum one more: four were taken before (the loop's test, the final test,
         the max, the sum). On an H200 +1.7 to +2.9 points of copy in the forward at bf16 1M-2M and fp32
         2M, -0.2 to -1.2 at 64K, fp32 1M, bf16 4M and the bf16 backward (session 26)."""
+        n, stat = _words_stat(w, BWD)
         spins = 0
         while (n != 0) & (spins < spin_max):
+            if OWN:
+                if spins == OWN_CLAIM_POLLS:
+                    _publish_own_claim(A, B, P0, claim, lanes, row, Q, N, stride_a, stride_b, BWD, unit_layout, CHUNK,
+                                       ALIGN)
             w = _row_words(P, Q, BWD, PBLK, layout)
             n, stat = _words_stat(w, BWD)
             spins += 1
@@ -957,13 +979,11 @@ if gluon is not None:
         """(stat, sum) of ``row`` from its partial words (``words``: a first read of them), or, where
         the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``); with
         ``HAS_PRIOR``, merged with the statistic of the row's other columns, (PRIOR[row],
-        PRIOR[M + row]). ``OWN``: where words are pending, the unit of the program's started ``claim``
-        (``_claim_start`` over ``lanes``) is published first if it is in this row (``_publish_own_claim``)."""
-        n, stat = _words_stat(words, BWD)
-        if OWN:
-            if n != 0:
-                _publish_own_claim(A, B, P, claim, lanes, row, Q, N, stride_a, stride_b, BWD, layout, ALIGN, CHUNK)
-        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, n, stat, Q, spin_max, ERR, BWD, PBLK, playout)
+        PRIOR[M + row]). ``OWN``: where words are still pending after ``OWN_CLAIM_POLLS`` re-reads, the unit of
+        the program's started ``claim`` (``_claim_start`` over ``lanes``) is published if it is in this row
+        (``_publish_own_claim``), and the wait goes on."""
+        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, A, B, P, claim, lanes, row, N,
+                               stride_a, stride_b, BWD, PBLK, playout, OWN, layout, CHUNK, ALIGN)
         if not done:
             m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, PIECE, layout, ALIGN)
         if HAS_PRIOR:
@@ -1641,6 +1661,11 @@ def _plan(direction: str, a, b, out, lse, config, prior):
     programs = _resident(args, consts, warps, True)
     if q > capacity(lag, programs):
         return None
+    if PUBLISH_OWN_CLAIM and lag >= 3 and q >= OWN_CLAIM_MIN_FILL * capacity(lag, programs):
+        own = dict(consts, OWN_CLAIM=True)  # (where its build holds the row too)
+        own_programs = _resident(args, own, warps, True)
+        if q <= capacity(lag, own_programs):
+            consts, programs = own, own_programs
     grid, claim = grid_plan(direction, m, q, programs, lag=lag)
     if not claim:  # the fixed-unit build sizes its own grid (its occupancy may differ)
         grid, _ = grid_plan(direction, m, q, _resident(args, consts, warps, False), claim=False, lag=lag)
@@ -1689,8 +1714,7 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior,
                   MERGE_WARPS=merge_warps, MERGE_EARLY=merge_early, MERGE_REGS=MERGE_REGS,
-                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align,
-                  OWN_CLAIM=PUBLISH_OWN_CLAIM)
+                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align, OWN_CLAIM=False)
     caps = [REGISTER_CAPS.get(key), merge_cap, SHIFTED_REGISTER_CAPS.get(key) if align > 1 else None]
     if any(caps):
         consts["maxnreg"] = min(cap for cap in caps if cap)
@@ -1730,8 +1754,8 @@ def memo(name: str, tensors, extra, build):
     and the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
-    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, FOLD_DIVISION_16BIT, FOLD_MIN_LAG,
-             WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
+    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, PUBLISH_OWN_CLAIM, OWN_CLAIM_MIN_FILL,
+             FOLD_DIVISION_16BIT, FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
              tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(SPILL_FALLBACKS.items()),
              tuple(MERGE_PARTITIONS.items()),
              MERGE_REGS, tuple((k, tuple(v)) for k, v in STAGED_CONFIG_SHIFTED.items()), tuple(SUB_TILE_COST.items()),
