@@ -302,6 +302,7 @@ def build(spec: tuple) -> tuple[int, int, int, int]:
     where the spills are)."""
     import triton
 
+    from ringsoftmax.kernels.compile_options import COMPILE_OPTIONS
     from ringsoftmax.kernels import softmax_staged as S
 
     _fake_sm90_driver()
@@ -312,7 +313,7 @@ def build(spec: tuple) -> tuple[int, int, int, int]:
         kernel = rows_kernel.warmup(*args, **kwargs, grid=(1,))
     else:
         consts, warps, args = _launch_constexprs(spec)
-        kernel = S._staged_kernel.warmup(*args, **consts, CLAIM=spec[6], num_warps=warps, grid=(1,))
+        kernel = S._staged_kernel.warmup(*args, **consts, CLAIM=spec[6], num_warps=warps, grid=(1,), **COMPILE_OPTIONS)
     report, cubin = _assemble(kernel)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as tmp:
@@ -360,6 +361,7 @@ def _attention_kernel(spec: tuple):
     import torch
 
     from ringsoftmax.kernels import attention_bwd_gluon as BG, attention_fwd_gluon as FG
+    from ringsoftmax.kernels.compile_options import COMPILE_OPTIONS
 
     d, causal = spec[1], spec[2]
     q = torch.empty((2, 1024, 4, d), dtype=torch.bfloat16, device="meta")
@@ -371,12 +373,12 @@ def _attention_kernel(spec: tuple):
         return FG._gl_attn_fwd_ws_kernel.warmup(
             q, q, q, q, rows, unused, unused, unused, 1024, 1024, 2, 4, 1, *strides * 4, 1.0, 0, HEAD_DIM=d,
             BLOCK_M=tile[0], BLOCK_N=tile[1], STAGES=tile[2], CAUSAL=causal, CONSUMER_REGS=tile[3],
-            PRODUCER_REGS=tile[4], num_warps=4, grid=(1,))
+            PRODUCER_REGS=tile[4], num_warps=4, grid=(1,), **COMPILE_OPTIONS)
     accumulate, (block_m, stages, regs) = spec[3], spec[4]
     return BG._gl_attn_bwd_dkdv_kernel.warmup(
         q, q, q, q, rows, rows, q, q, 1024, 1024, 1024, 2, 4, 1, *strides * 6, 1.0, 1.0, 0, HEAD_DIM=d,
         BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, ACCUMULATE=accumulate, CONSUMER_REGS=regs, num_warps=4,
-        grid=(1,))
+        grid=(1,), **COMPILE_OPTIONS)
 
 
 def _local_lines(sass: str) -> str:
@@ -395,10 +397,13 @@ def _local_lines(sass: str) -> str:
 
 def build_key(spec, consts) -> str:
     """A build's name: what it compiles (not the row length, which changes only the words' block)."""
+    from ringsoftmax.kernels.compile_options import COMPILE_OPTIONS
+
     if spec[0] == "attn fwd":
         return f"attention fwd D={spec[1]}{' causal' if spec[2] else ''} tile {'x'.join(map(str, spec[3]))}"
     if spec[0].startswith("rows"):
-        return f"{spec[0]} {spec[1]} " + " ".join(f"{k}={v}" for k, v in sorted(consts.items()))
+        # (the launch's compile options, the same on every launch, are left out of the name)
+        return f"{spec[0]} {spec[1]} " + " ".join(f"{k}={v}" for k, v in sorted(consts.items()) if k not in COMPILE_OPTIONS)
     if spec[0] == "attn dkdv":
         return (f"attention dkdv D={spec[1]}{' causal' if spec[2] else ''}{' accumulate' if spec[3] else ''} "
                 f"config {'x'.join(map(str, spec[4]))}")

@@ -37,6 +37,7 @@ from . import attention_bwd_gluon as gluon_bwd
 from . import attention_config as config
 from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bounds, check_problem, check_scale,
                             descriptor_scratch, dot_precision, launch, launch_split, tma_ready, unit_last_stride)
+from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2
 
 
@@ -77,7 +78,7 @@ def attention_delta(out, dout):
         block_s = max(1, min(128, 8192 // d_pad))
         _delta_kernel[(cdiv(S, block_s), B * H)](
             o4, do4, delta, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
-            *delta.stride(), S, H, HEAD_DIM=D, D_PAD=d_pad, BLOCK_S=block_s, num_warps=4)
+            *delta.stride(), S, H, HEAD_DIM=D, D_PAD=d_pad, BLOCK_S=block_s, num_warps=4, **COMPILE_OPTIONS)
     return delta[0] if packed else delta
 
 

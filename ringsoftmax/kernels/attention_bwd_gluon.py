@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from . import attention_fwd_gluon as fwd_gluon
+from .compile_options import COMPILE_OPTIONS
 from .gluon_compat import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load, warpgroup_mma,
                            warpgroup_mma_wait)
 from .hostmath import cdiv
@@ -293,4 +294,4 @@ def launch(q, k, v, dout, lse, delta, dk, dv, *, qk_scale: float, softmax_scale:
                                    dout.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0),
                                    dv.stride(1), dv.stride(2), qk_scale, softmax_scale, int(delta_pos),
                                    HEAD_DIM=D, BLOCK_M=block_m, STAGES=stages, CAUSAL=bool(causal),
-                                   ACCUMULATE=bool(accumulate), CONSUMER_REGS=regs, num_warps=4)
+                                   ACCUMULATE=bool(accumulate), CONSUMER_REGS=regs, num_warps=4, **COMPILE_OPTIONS)

@@ -56,6 +56,7 @@ import functools
 import torch
 import triton
 
+from .compile_options import COMPILE_OPTIONS
 from .gluon_compat import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load,
                            tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from .hostmath import cdiv
@@ -659,4 +660,4 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                                  v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                                  qk_scale, int(delta),
                                  HEAD_DIM=D, BLOCK_M=tile[0], BLOCK_N=tile[1], STAGES=tile[2], CAUSAL=bool(causal),
-                                 CONSUMER_REGS=tile[3], PRODUCER_REGS=tile[4], num_warps=4)
+                                 CONSUMER_REGS=tile[3], PRODUCER_REGS=tile[4], num_warps=4, **COMPILE_OPTIONS)

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2
 
 #: Elements of head_dim handled per step, and rows (b, s, h) per program.
@@ -108,4 +109,4 @@ def merge_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out_b: torch.Tensor, ls
     _merge_kernel[(cdiv(rows, block_r),)](
         acc_out, acc_lse, out_b, lse_b, rows, s, h, d,
         *acc_out.stride()[:3], *acc_lse.stride(), *out_b.stride()[:3], *lse_b.stride(),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **COMPILE_OPTIONS)

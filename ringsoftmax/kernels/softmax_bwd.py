@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from . import softmax_fwd as fwd
+from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2
 from .softmax_fwd import (chunk_edges, chunk_has_edges, chunk_ptrs, edge_tile, load_inside, load_tile, row_arrive,
                           row_offsets, row_wait, store_tile, stream_tile, tile_masks)
@@ -444,7 +445,7 @@ def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:
     strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
     _bwd_rows_kernel[(cdiv(m, block_m),)](
         y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
-        STORE_DX=store_dx, num_warps=warps, RELOAD=reload, CHUNK=chunk,
+        STORE_DX=store_dx, num_warps=warps, RELOAD=reload, CHUNK=chunk, **COMPILE_OPTIONS,
         **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align, tail_n, edges))
 
 
@@ -456,11 +457,11 @@ def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
     _partial_dot_kernel[(cdiv(m, block_m) * k,)](
         y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, ALIGN=align,
-        EDGES=fwd.row_edges(align, y, dy), num_warps=warps)
+        EDGES=fwd.row_edges(align, y, dy), num_warps=warps, **COMPILE_OPTIONS)
     delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
-    _sum_partials_kernel[(cdiv(m, cm),)](pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
+    _sum_partials_kernel[(cdiv(m, cm),)](pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4, **COMPILE_OPTIONS)
     return delta
 
 
@@ -471,7 +472,7 @@ def _elementwise(y, dy, dx, delta) -> None:
     _bwd_elementwise_kernel[(cdiv(m, block_m) * k,)](
         y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, ALIGN=align,
-        EDGES=fwd.row_edges(align, y, dy, dx), num_warps=warps)
+        EDGES=fwd.row_edges(align, y, dy, dx), num_warps=warps, **COMPILE_OPTIONS)
 
 
 def _persistent(y, dy, dx) -> None:
@@ -492,7 +493,7 @@ def _persistent(y, dy, dx) -> None:
         q, g, r = fwd.split_plan(k, m, programs, chunk * (y.element_size() + dy.element_size()))
     args[3] = torch.empty((m, q), dtype=torch.float32, device=y.device)
     args[11:15] = [q, g, r, 1 if r == 1 else 0]
-    _bwd_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
+    _bwd_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps, **COMPILE_OPTIONS)
 
 
 def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:

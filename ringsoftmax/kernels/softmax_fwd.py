@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2, prev_power_of_2
 
 # ---- Regime knobs (module level so tests can lower them and reach the split paths at small N) ----
@@ -873,7 +874,7 @@ def _build_stats(kernel, args, constexprs: dict, num_warps: int, key) -> tuple[i
     device = args[0].device
     key = (key, str(device), tuple(sorted(constexprs.items())), num_warps)
     if key not in _OCCUPANCY:
-        compiled = kernel.warmup(*args, **constexprs, num_warps=num_warps, grid=(1,))
+        compiled = kernel.warmup(*args, **constexprs, num_warps=num_warps, grid=(1,), **COMPILE_OPTIONS)
         if hasattr(compiled, "_init_handles"):
             compiled._init_handles()
         props = triton.runtime.driver.active.utils.get_device_properties(device.index)
@@ -991,7 +992,7 @@ def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
     _softmax_rows_kernel[(cdiv(m, block_m),)](
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
-        STORE_LSE=lse is not None, num_warps=warps, **rows_register_cap(block_m, block_n, warps),
+        STORE_LSE=lse is not None, num_warps=warps, **rows_register_cap(block_m, block_n, warps), **COMPILE_OPTIONS,
         FTZ=ROWS_EXP[0] and not is_interpreter(x), FMA=ROWS_EXP[1],
         **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT,
                          align, tail_n, edges))
@@ -1006,13 +1007,13 @@ def _two_pass_stats(x, out=None):
     pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
     ps = torch.empty_like(pm)
     _chunk_stats_kernel[(cdiv(m, block_m) * k,)](
-        x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **COMPILE_OPTIONS,
         **stream_args(x, block_m, block_n, align))
     lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
     _combine_stats_kernel[(cdiv(m, cm),)](pm, ps, lse, shift, total, m, k,
-                                          BLOCK_M=cm, BLOCK_K=block_k, num_warps=4)
+                                          BLOCK_M=cm, BLOCK_K=block_k, num_warps=4, **COMPILE_OPTIONS)
     return lse, shift, total
 
 
@@ -1022,7 +1023,7 @@ def _normalize_into(x, y, shift, total) -> None:
     block_m, block_n, k, warps = stream_config(m, n, elem, align)
     _normalize_kernel[(cdiv(m, block_m) * k,)](
         x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps, **COMPILE_OPTIONS,
         **stream_args(x, block_m, block_n, align, y))
 
 
@@ -1048,7 +1049,7 @@ def _persistent(x, y, lse) -> None:
     ps = torch.empty_like(pm)
     args[3:5] = [pm, ps]
     args[11:15] = [q, g, r, lag]
-    _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps)
+    _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps, **COMPILE_OPTIONS)
 
 
 def staged_fits(direction: str, a, b, out, any_length: bool = False) -> bool:

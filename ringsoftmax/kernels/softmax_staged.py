@@ -63,6 +63,7 @@ import triton
 
 from . import softmax_fwd as F
 from .attention_config import cuda_major
+from .compile_options import COMPILE_OPTIONS
 from .gluon_compat import (TensorDescriptor, async_copy, cp_async as _cp_async, cta_barrier as _cta_barrier,
                            fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load)
 from .hostmath import cdiv, next_power_of_2
@@ -1623,7 +1624,7 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
     grid, claim, q, consts, warps = plan
     words = torch.full((a.shape[0] * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
     args = _kernel_args(a, b, out, lse, prior, consts, words, q)
-    _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps)
+    _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps, **COMPILE_OPTIONS)
     return True
 
 
