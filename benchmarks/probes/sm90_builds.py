@@ -403,7 +403,8 @@ def build_key(spec, consts) -> str:
         return f"attention fwd D={spec[1]}{' causal' if spec[2] else ''} tile {'x'.join(map(str, spec[3]))}"
     if spec[0].startswith("rows"):
         # (the launch's compile options, the same on every launch, are left out of the name)
-        return f"{spec[0]} {spec[1]} " + " ".join(f"{k}={v}" for k, v in sorted(consts.items()) if k not in COMPILE_OPTIONS)
+        return f"{spec[0]} {spec[1]} " + " ".join(f"{k}={v}" for k, v in sorted(consts.items())
+                                                  if k not in COMPILE_OPTIONS)
     if spec[0] == "attn dkdv":
         return (f"attention dkdv D={spec[1]}{' causal' if spec[2] else ''}{' accumulate' if spec[3] else ''} "
                 f"config {'x'.join(map(str, spec[4]))}")

@@ -496,10 +496,10 @@ if gluon is not None:
     LOG2E = gl.constexpr(1.4426950408889634)
     FIFO = gl.constexpr(8)  # the longest lag of a deep ring (its units behind are kept in vectors of 8)
     # re-reads of a row's pending words before a program looks for its own started claim in that row
-    # (``_merged_row``, PUBLISH_OWN_CLAIM): looking on the first pending read, a reduction across the CTA
-    # each time, cost the H200 6-9 points of copy in the deep backward rings, whose first read often
-    # finds words pending (session 44); a wait on itself never ends, one on other programs within
-    # microseconds
+    # (``_merged_row``, PUBLISH_OWN_CLAIM): a wait on itself never ends, one on other programs lasts
+    # microseconds, and looking takes a reduction across the CTA, which at once would run on every pending
+    # first read (frequent in the deep backward rings). (Behind 64 re-reads the own-claim build still ran
+    # 3-9 points under the build without it on the H200, session 44: its code costs, not the look.)
     OWN_CLAIM_POLLS = gl.constexpr(64)
 
     @gluon.jit
@@ -1756,7 +1756,8 @@ def memo(name: str, tensors, extra, build):
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
     knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, PUBLISH_OWN_CLAIM, OWN_CLAIM_MIN_FILL,
-             FOLD_DIVISION_16BIT, FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
+             FOLD_DIVISION_16BIT, FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS,
+             tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
              tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(SPILL_FALLBACKS.items()),
              tuple(MERGE_PARTITIONS.items()),
              MERGE_REGS, tuple((k, tuple(v)) for k, v in STAGED_CONFIG_SHIFTED.items()), tuple(SUB_TILE_COST.items()),
