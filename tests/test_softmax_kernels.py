@@ -1192,17 +1192,16 @@ def test_staged_four_programs_that_fill_shared_memory_gpu(poisoned):
 @pytest.mark.gpu
 def test_staged_rows_at_full_capacity_gpu(poisoned, monkeypatch):
     """bf16 backward rows of exactly the deepest ring's capacity (``held_columns``, the held path's
-    fill), 40 of them, ten calls: no wait gives up. Such rows take the build in which a program still
-    waiting after 64 re-reads publishes the unit of its started claim where that unit is in the row
-    (``PUBLISH_OWN_CLAIM``, ``OWN_CLAIM_MIN_FILL``); without it, 1 to 7 calls in 12 had waits that gave
-    up, on an H100 (session 44). ``SPIN_MAX`` is lowered so that a give-up costs milliseconds here, not
-    seconds; normal waits last microseconds."""
+    fill), 40 of them, ten calls: no wait gives up. The deep rings start a claim after the step's wait
+    where the unit taken then is in the written row (``LATE_CLAIM``); with every claim at the step's top,
+    1 to 15 calls in 24 had waits that gave up, on an H100 (sessions 44-45). ``SPIN_MAX`` is lowered so
+    that a give-up costs milliseconds here, not seconds; normal waits last microseconds."""
     probe = torch.empty(1, 8 << 20, dtype=torch.bfloat16, device="cuda")
     n = S.held_columns("bwd", probe, probe, probe)
     y, dy = softmax_pair(40, n, torch.bfloat16, "cuda")
     plan = S._launch_plan("bwd", y, dy, torch.empty_like(dy), None, None, None)
     assert plan is not None and plan[2] * S.launch_config("bwd", y, dy)[0] == n   # whole rows, one launch
-    assert plan[1] and plan[3]["OWN_CLAIM"]  # (claimed units, the own-claim build)
+    assert plan[1] and plan[3]["LATE_CLAIM"]  # (claimed units in a deep ring)
     monkeypatch.setattr(F, "SPIN_MAX", 1 << 12)
     before = F.sync_failures("cuda")
     for _ in range(10):

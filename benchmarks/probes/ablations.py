@@ -62,8 +62,7 @@ def attention(out: pathlib.Path) -> None:
 def no_merge(src: str) -> str:
     """The staged kernel without reading or merging a row's partial words (each program normalizes
     with its own chunk's statistic)."""
-    src = edit(src, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, A, B, P, claim, lanes, row, N,
-                               stride_a, stride_b, BWD, PBLK, playout, OWN, layout, CHUNK, ALIGN)
+    src = edit(src, '''        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
             m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, PIECE, layout, ALIGN)
 ''', '''        m, s = gl.to_tensor(0.0), gl.to_tensor(1.0)

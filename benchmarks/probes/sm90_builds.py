@@ -74,9 +74,7 @@ def _lengths(lo: int, hi: int, key, shifted: bool) -> list[int]:
 
 
 def table_builds(only: str | None = None) -> list[tuple]:
-    """(direction, elem, n, config, tma, shifted, claim, prior, own) of every build the tables ask for (own:
-    the deep rings' build that publishes a program's own claim, ``OWN_CLAIM``, which rows near a ring's
-    capacity take: built at the longest row of the range)."""
+    """(direction, elem, n, config, tma, shifted, claim, prior) of every build the tables ask for."""
     from ringsoftmax.kernels import softmax_staged as S
 
     builds = []
@@ -98,27 +96,19 @@ def table_builds(only: str | None = None) -> list[tuple]:
                         [] if S.tma_only(direction, elem, config) else [False])
                     # (and the config that replaces it where its build spills, on cp.async rows)
                     fallback = S.SPILL_FALLBACKS.get((direction, elem, *config[:5], shifted))
-                    lengths = _lengths(lo, hi, key, shifted)
-                    for n in lengths:
+                    for n in _lengths(lo, hi, key, shifted):
                         for tma in loads:
                             for claim in _claims(config):
                                 for prior in ([False, True] if last else [False]):
-                                    for own in _owns(config, claim, n == lengths[-1]):
-                                        builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior,
-                                                       own))
+                                    builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior))
                         for claim in _claims(fallback) if fallback else []:
-                            builds.append((direction, elem, n, tuple(fallback), False, shifted, claim, False, False))
+                            builds.append((direction, elem, n, tuple(fallback), False, shifted, claim, False))
     return builds + _shifted_gap_builds(only)
 
 
 def _claims(config) -> list[bool]:
     """Unit choices a launch of ``config`` may build: claimed, and for lag-1 rings fixed units too."""
     return [True, False] if config[4] == 1 else [True]
-
-
-def _owns(config, claim: bool, longest: bool) -> list[bool]:
-    """OWN_CLAIM choices of a build: both for a deep ring's claimed units at the range's longest row."""
-    return [False, True] if longest and claim and config[4] >= 3 else [False]
 
 
 def _shifted_gap_builds(only: str | None) -> list[tuple]:
@@ -140,7 +130,7 @@ def _shifted_gap_builds(only: str | None) -> list[tuple]:
                 hi = min(hi, end)
                 for n in _lengths(lo, hi, (direction, elem, tuple(config[:5])), True) if hi >= lo else []:
                     for claim in _claims(config):
-                        builds.append((direction, elem, n, tuple(config), False, True, claim, False, False))
+                        builds.append((direction, elem, n, tuple(config), False, True, claim, False))
     return builds
 
 
@@ -253,12 +243,11 @@ def _launch_constexprs(spec: tuple) -> tuple[dict, int, list]:
 
     from ringsoftmax.kernels import softmax_staged as S
 
-    direction, elem, n, config, tma, shifted, claim, prior, own = spec
+    direction, elem, n, config, tma, shifted, claim, prior = spec
     m = 64
     a = torch.empty((m, n), dtype=getattr(torch, DTYPES[elem]), device="meta")
     out = torch.empty_like(a)
     consts, warps = S._constexprs(direction, a, a, out, config, prior)
-    consts["OWN_CLAIM"] = own
     if tma:  # (meta tensors take no TMA; the launch gives aligned rows this width on sm_90)
         consts.update(TMA_LOAD=True, TMA_W=S.box_width(n, S.sub_tile(config[0]), elem), ALIGN=1)
         assert consts["TMA_W"], spec
@@ -408,12 +397,12 @@ def build_key(spec, consts) -> str:
     if spec[0] == "attn dkdv":
         return (f"attention dkdv D={spec[1]}{' causal' if spec[2] else ''}{' accumulate' if spec[3] else ''} "
                 f"config {'x'.join(map(str, spec[4]))}")
-    direction, elem, n, config, tma, shifted, claim, prior, own = spec
+    direction, elem, n, config, tma, shifted, claim, prior = spec
     chunk, warps, stages, ahead, lag = config[:5]
     return (f"{direction} {DTYPES[elem]} {chunk}x{warps} slots {stages} ahead {ahead} lag {lag} "
             f"{'tma' if tma else 'cp.async'}{' shifted' if shifted else ''}{' fixed' if not claim else ''}"
             f"{' prior' if prior else ''}{' merge' if consts.get('MERGE_WARPS') else ''}"
-            f"{' waits' if consts.get('MERGE_WAITS') else ''}{' own' if own else ''}"
+            f"{' waits' if consts.get('MERGE_WAITS') else ''}"
             f"{' maxnreg ' + str(consts['maxnreg']) if 'maxnreg' in consts else ''}")
 
 
@@ -431,8 +420,6 @@ KNOWN_SPILLS = {
         # a row's words merged at maxnreg 128 (line ~721, once per row, not per element)
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 5 cp.async shifted merge maxnreg 128": 12,
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 12,
-        # the same with the own-claim publish (rows at >= 0.97 of the ring's capacity; not measured)
-        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge own maxnreg 128": 20,
         # two loop-invariant scalars at 96 registers (stored once, loaded once a step)
         "bwd float32 4096x4 slots 3 ahead 1 lag 1 cp.async shifted": 8,
         # scalars and one mask of the end vectors (loaded once a step); spilling, this ring ran 93.1-93.4%
@@ -477,26 +464,20 @@ KNOWN_SPILLS = {
         "fwd bfloat16 16384x4 slots 3 ahead 1 lag 2 cp.async": 20,
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 tma merge maxnreg 128": 80,
         "bwd float32 4096x4 slots 7 ahead 1 lag 7 tma prior merge maxnreg 248": 16,
+        # (the LATE_CLAIM build, session 45: 16 bytes where it spilled none; on an H100 with 3.9, float32 backward
+        # 2359552 / 2703360 ran 101.4% of copy with and without LATE_CLAIM, shifted rows of 2097153-4194305
+        # within 0.4 points of it)
+        "bwd float32 4096x4 slots 7 ahead 1 lag 7 tma merge maxnreg 248": 16,
         "bwd bfloat16 8192x4 slots 3 ahead 2 lag 2 cp.async": 64,
         "bwd bfloat16 16384x8 slots 3 ahead 2 lag 2 tma": 92,
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 5 cp.async shifted merge maxnreg 128": 180,
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 320,
-        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 7 cp.async shifted": 12,
+        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 7 cp.async shifted": 16,
         "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async shifted": 212,
+        "bwd float32 4096x4 slots 7 ahead 1 lag 5 cp.async shifted": 4,
         "bwd float32 4096x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 248": 4,
-        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted": 12,
-        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted prior": 32,
-        # the deep rings' builds with the own-claim publish (PUBLISH_OWN_CLAIM, rows at >= 0.97 of a ring's
-        # capacity; session 44, not measured on 3.9)
-        "fwd float32 4096x8 slots 7 ahead 1 lag 5 tma own": 12,
-        "fwd float32 8192x4 slots 7 ahead 1 lag 7 tma own": 56,
-        "fwd float32 8192x4 slots 7 ahead 1 lag 7 tma prior own": 56,
-        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 tma merge own maxnreg 128": 84,
-        "bwd float32 4096x4 slots 7 ahead 1 lag 7 tma own": 32,
-        "bwd float32 4096x4 slots 7 ahead 1 lag 7 tma prior own": 4,
-        "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge own maxnreg 128": 492,
-        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted own": 212,
-        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted prior own": 260,
+        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted": 16,
+        "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted prior": 60,
         # attention: as on 3.6, more bytes, and the forward at D=128 (not causal)
         "attention fwd D=64 tile 192x128x2x160x32": 348,
         "attention fwd D=128 tile 128x128x2x232x40": 68,

@@ -44,7 +44,8 @@ one stretch of memory, as a hardware-scheduled grid does, where fixed units let 
 Longer rows take fixed units: G = grid / Q whole rows in flight, program (slot, q) on chunk q of rows
 slot, slot + G, ... (claims there spread a row over more steps than a lag of 1 covers; with lag 2
 or more units are always claimed). A program never
-waits for a row it holds an unreduced unit of (it reduces that unit first). A wait that gives up
+waits for a row it holds an unreduced unit of (it reduces that unit first), nor, in the deep rings,
+for one it has claimed but not yet taken (``LATE_CLAIM``). A wait that gives up
 after ``spin_max`` polls counts itself in ``ERR`` and recomputes the row's statistic from global
 memory, so the result stays right.
 
@@ -355,22 +356,22 @@ FOLD_MIN_LAG = 2
 #: and without it.
 LOAD_EVICT = ""
 STORE_EVICT = ""
-#: A program still waiting for a row's partial words after ``OWN_CLAIM_POLLS`` re-reads, where the claim it
-#: started this step is a unit of that same row, publishes that unit's partial, read from global memory
-#: (``_publish_own_claim``): else it waits for itself, and every program in turn for that row, until the
-#: waits give up (``spin_max`` polls, seconds). That happened in rows at a deep ring's full ``capacity``
-#: (H100, session 44, before this: the held path's bf16 backward of 8M, its rows at full capacity, 7 of
-#: 12 calls on triton 3.9 with waits that gave up, calls of 1 ms taking up to 1.5 s at 2^16 polls and 8-14 s
-#: at 2^20; bf16 backward rows of 6488064, 1 of 12 calls on 3.6 and 5 of 12 on 3.9; on 3.6 one call of
-#: 164 s at 2^24 polls). Units already taken (issued or loaded) were reduced early where in the written
-#: row; the started claim was not. Deep rings, claimed units, chunks of one tile; False: off (A/B runs).
-PUBLISH_OWN_CLAIM = True
-#: ... only in launches whose rows fill at least this share of their ring's ``capacity`` (``_plan``): the
-#: build with it runs slower everywhere (H200, session 44, side by side with it off: bf16 backward 3M /
-#: 3.5M / 4M 90.0 / 85.0 / 88.0% of copy against 95.1 / 88.1 / 96.5, float32 backward 3M 91.2 against
-#: 97.8, full-capacity bf16 backward 6488064 85.6 against 94.5; bf16 forward 8M 86.6 either way), and
-#: the waits were seen to give up only in rows at full capacity.
-OWN_CLAIM_MIN_FILL = 0.97
+#: Deep rings (lag >= 3) with claimed units start a step's claim after the step's wait for a row's partial
+#: words where the unit taken at that step is in the row written then (elsewhere at the step's top; each
+#: claim is taken a step after it starts, as in every ring). A program then never waits for itself: a claim
+#: started at the top is past the unit taken there, so in a later row than the written one, and the units it
+#: took are reduced early where in that row. With every claim at the step's top (False), a program could wait
+#: on a row whose last unit was its own claim, started but not taken, until the waits gave up (~1 s of polls;
+#: the row then read again from global memory: right, but slow). Seen on an H100 (sessions 44-45, 2^16 polls):
+#: rows at 0.96 and 1.0 of a lag-7 ring's capacity (bf16 backward 6225920, 6488064) and the held path's full
+#: rows (bf16 backward 8M, float32 backward 4M), in 1-6 of 24 calls on triton 3.9, 0-1 on 3.6; with it, none
+#: (7 cases x 24 calls on each release). Cost (session 45, side by side, % of copy): H200 within 0.3 points at
+#: bf16 backward 1M-3M and float32 backward 2M-3.2M, -1.1 to -1.9 at bf16 backward 4M-6.5M, bf16 forward
+#: 6.5M-8M and float32 forward 4M; H100 within 1.3 either way. (The fix it replaced, a program publishing its
+#: started claim's unit from global memory after 64 re-reads, cost 3-9 points on the H200 in every build that
+#: had it, by its code alone, never run: ptxas then copied the claim's atomic result out of its register right
+#: after the atomic, which waits out the atomic's round trip at every step.)
+LATE_CLAIM = True
 #: TMA (Hopper's bulk tensor copies, sm_90+): the configs that ask for it load each chunk as one
 #: copy per program and row, completing on an mbarrier, where the rows allow it (``tma_width``;
 #: others take cp.async). False: cp.async everywhere. (TMA stores, the output written back into its
@@ -495,12 +496,6 @@ if gluon is not None:
     IDENTITY_FWD = gl.constexpr(-(1 << 55))  # the word of (max, sum) = (-inf, 0): bits 0xFF800000 << 32
     LOG2E = gl.constexpr(1.4426950408889634)
     FIFO = gl.constexpr(8)  # the longest lag of a deep ring (its units behind are kept in vectors of 8)
-    # re-reads of a row's pending words before a program looks for its own started claim in that row
-    # (``_merged_row``, PUBLISH_OWN_CLAIM): a wait on itself never ends, one on other programs lasts
-    # microseconds, and looking takes a reduction across the CTA, which at once would run on every pending
-    # first read (frequent in the deep backward rings). (Behind 64 re-reads the own-claim build still ran
-    # 3-9 points under the build without it on the H200, session 44: its code costs, not the look.)
-    OWN_CLAIM_POLLS = gl.constexpr(64)
 
     @gluon.jit
     def _row_start(row, stride, ALIGN: gl.constexpr):
@@ -602,28 +597,6 @@ if gluon is not None:
         """Reduce a chunk (a, b) of ``row`` to its partial and publish it as word ``q`` of the row."""
         cm, cs = _chunk_stat(a.to(gl.float32), b.to(gl.float32), BWD)
         gl.store(P + row.to(gl.int64) * Q + q, _pack(cm, cs))
-
-    @gluon.jit
-    def _publish_own_claim(A, B, P, claim, lanes, row, Q, N, stride_a, stride_b, BWD: gl.constexpr,
-                           layout: gl.constexpr, CHUNK: gl.constexpr, ALIGN: gl.constexpr):
-        """Where the unit of the started ``claim`` (``_claim_take``) is a chunk of ``row``, publish its
-        partial, the chunk read from global memory as its slot would hold it (``_load_unit``: outside
-        the row -inf forward, 0 backward) and reduced as ``_reduce_unit`` does (``_publish``), so its
-        word is the same when the unit is reduced again at its step. Chunks of one tile (KSUB = 1)."""
-        c_row, c_q = _claim_take(claim, lanes, Q)
-        if c_row == row:
-            offs = gl.arange(0, CHUNK, layout)
-            base_a, h = _row_start(row, stride_a, ALIGN)
-            start = c_q.to(gl.int64) * CHUNK
-            inside = (offs >= (h - start).to(gl.int32)) & (offs < (N + h - start).to(gl.int32))
-            if BWD:
-                base_b, _ = _row_start(row, stride_b, ALIGN)
-                a = gl.load(A + base_a + start + offs, mask=inside, other=0.0)
-                b = gl.load(B + base_b + start + offs, mask=inside, other=0.0)
-            else:
-                a = gl.load(A + base_a + start + offs, mask=inside, other=float("-inf"))
-                b = a
-            _publish(P, row, c_q, Q, a, b, BWD)
 
     @gluon.jit
     def _reduce_unit(ring_a, ring_b, i, P, row, q, Q, N, stride_a, offs, BWD: gl.constexpr, layout: gl.constexpr,
@@ -792,13 +765,8 @@ if gluon is not None:
         return n, stat
 
     @gluon.jit
-    def _row_stat(P, w, Q, spin_max, ERR, A, B, P0, claim, lanes, row, N, stride_a, stride_b, BWD: gl.constexpr,
-                  PBLK: gl.constexpr, layout: gl.constexpr, OWN: gl.constexpr, unit_layout: gl.constexpr,
-                  CHUNK: gl.constexpr, ALIGN: gl.constexpr):
-        """(all in, stat, sum) of a row from its partial words ``w`` (at ``P``), re-read until none is
-        PENDING. ``OWN``: after ``OWN_CLAIM_POLLS`` re-reads, the program's started ``claim`` is published
-        where it is a unit of this ``row`` (``_publish_own_claim``, with the arguments from A to stride_b,
-        P0 the words of row 0, and ``unit_layout``, CHUNK and ALIGN).
+    def _row_stat(P, w, Q, spin_max, ERR, BWD: gl.constexpr, PBLK: gl.constexpr, layout: gl.constexpr):
+        """(all in, stat, sum) of a row from its partial words ``w``, re-read until none is PENDING.
 
         A word still PENDING after ``spin_max`` re-reads counts in ``ERR``; the caller then computes the
         row's statistic from the inputs (``spin_max < 0``: always, which tests use). Each read of the
@@ -809,10 +777,6 @@ if gluon is not None:
         n, stat = _words_stat(w, BWD)
         spins = 0
         while (n != 0) & (spins < spin_max):
-            if OWN:
-                if spins == OWN_CLAIM_POLLS:
-                    _publish_own_claim(A, B, P0, claim, lanes, row, Q, N, stride_a, stride_b, BWD, unit_layout, CHUNK,
-                                       ALIGN)
             w = _row_words(P, Q, BWD, PBLK, layout)
             n, stat = _words_stat(w, BWD)
             spins += 1
@@ -973,18 +937,14 @@ if gluon is not None:
         return m, s
 
     @gluon.jit
-    def _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max, claim, lanes,
-                    BWD: gl.constexpr, PIECE: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr,
-                    layout: gl.constexpr, playout: gl.constexpr, ALIGN: gl.constexpr, OWN: gl.constexpr,
-                    CHUNK: gl.constexpr):
+    def _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max, BWD: gl.constexpr,
+                    PIECE: gl.constexpr, PBLK: gl.constexpr, HAS_PRIOR: gl.constexpr, layout: gl.constexpr,
+                    playout: gl.constexpr, ALIGN: gl.constexpr):
         """(stat, sum) of ``row`` from its partial words (``words``: a first read of them), or, where
         the wait gives up, from the inputs themselves (``_row_stat``, ``_row_from_global``); with
         ``HAS_PRIOR``, merged with the statistic of the row's other columns, (PRIOR[row],
-        PRIOR[M + row]). ``OWN``: where words are still pending after ``OWN_CLAIM_POLLS`` re-reads, the unit of
-        the program's started ``claim`` (``_claim_start`` over ``lanes``) is published if it is in this row
-        (``_publish_own_claim``), and the wait goes on."""
-        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, A, B, P, claim, lanes, row, N,
-                               stride_a, stride_b, BWD, PBLK, playout, OWN, layout, CHUNK, ALIGN)
+        PRIOR[M + row])."""
+        done, m, s = _row_stat(P + row.to(gl.int64) * Q, words, Q, spin_max, ERR, BWD, PBLK, playout)
         if not done:
             m, s = _row_from_global(A, B, row, N, stride_a, stride_b, BWD, PIECE, layout, ALIGN)
         if HAS_PRIOR:
@@ -998,7 +958,7 @@ if gluon is not None:
                        STORE_EVICT: gl.constexpr, FOLD: gl.constexpr, TMA_LOAD: gl.constexpr,
                        TMA_W: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr,
                        MERGE_WARPS: gl.constexpr, MERGE_EARLY: gl.constexpr, MERGE_REGS: gl.constexpr,
-                       MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr, OWN_CLAIM: gl.constexpr):
+                       MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr, LATE_CLAIM: gl.constexpr):
         """One program of the grid: one unit (chunk u % Q of row u // Q) per step, claimed from the
         counter (``CLAIM``) or fixed (see the module doc); the steps are ``_staged_steps``.
 
@@ -1072,7 +1032,7 @@ if gluon is not None:
                                                  stride_o, Q, spin_max, ring_a, ring_b, bars, rows, stats, queue_bars,
                                                  BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT, STORE_EVICT, FOLD,
                                                  TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS,
-                                                 ALIGN, OWN_CLAIM)),
+                                                 ALIGN, LATE_CLAIM)),
                                 (_merge_partition, (A, B, P, ERR, PRIOR, M, N, stride_a, stride_b, Q, spin_max, rows,
                                                     stats, queue_bars, BWD, PBLK, HAS_PRIOR, MERGE_WAITS, ALIGN))],
                                [MERGE_WARPS], [MERGE_REGS])
@@ -1080,7 +1040,7 @@ if gluon is not None:
             _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
                           ring_a, ring_b, bars, bars, bars, bars, BWD, CHUNK, STAGES, AHEAD, LAG, PBLK, LOAD_EVICT,
                           STORE_EVICT, FOLD, TMA_LOAD, CLAIM, HAS_PRIOR, MERGE, MERGE_EARLY, MERGE_WAITS, ALIGN,
-                          OWN_CLAIM)
+                          LATE_CLAIM)
 
     @gluon.jit
     def _staged_steps(A, B, OUT, DA, DB, LSE, P, ERR, PRIOR, M, N, stride_a, stride_b, stride_o, Q, spin_max,
@@ -1089,14 +1049,14 @@ if gluon is not None:
                       LOAD_EVICT: gl.constexpr, STORE_EVICT: gl.constexpr, FOLD: gl.constexpr,
                       TMA_LOAD: gl.constexpr, CLAIM: gl.constexpr, HAS_PRIOR: gl.constexpr, MERGE: gl.constexpr,
                       MERGE_EARLY: gl.constexpr, MERGE_WAITS: gl.constexpr, ALIGN: gl.constexpr,
-                      OWN_CLAIM: gl.constexpr):
+                      LATE_CLAIM: gl.constexpr):
         """A program's steps (``_staged_kernel``'s arguments; ``ring_a``, ``ring_b``: its slots, ``bars``
         their TMA barriers). ``MERGE``: the rows' statistics come from the merging partition through
         ``rows`` and ``stats`` (``_queue_put``, ``_queue_get``; ``queue_bars`` 0-1 and 2-3): item t is
         the row of the unit written at step t, sent at step t - MERGE_EARLY, its statistic taken at
         step t (every item, in order: a slot is reused two items on), a sum < 0 where the partition
-        left the row to the steps (not ``MERGE_WAITS``: its read found words pending). ``OWN_CLAIM``: see
-        ``PUBLISH_OWN_CLAIM`` (claimed units, chunks of one tile)."""
+        left the row to the steps (not ``MERGE_WAITS``: its read found words pending). ``LATE_CLAIM``: see
+        the module's knob (deep rings with claimed units)."""
         VEC: gl.constexpr = 128 // A.dtype.element_ty.primitive_bitwidth
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
         playout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -1126,7 +1086,7 @@ if gluon is not None:
                                else VEC * 32 * gl.num_warps())
         DEEP: gl.constexpr = LAG >= 3  # the units behind in vectors (fifo_row, fifo_q), the row's stat kept
         STEPS_MERGE: gl.constexpr = (not MERGE) or (not MERGE_WAITS)  # the steps read and merge words
-        OWN: gl.constexpr = OWN_CLAIM and CLAIM and DEEP and (KSUB == 1)  # (PUBLISH_OWN_CLAIM)
+        LATE: gl.constexpr = LATE_CLAIM and CLAIM and DEEP  # (LATE_CLAIM)
         # step t holds units, each a (row, chunk): AHEAD loading (for steps t + 1, ..), cur (reduced
         # now), and LAG behind it: the oldest is written now (LAG 2: the one between waits in its slot
         # or, HOLD, in registers). A row >= M stands for none; once no unit is left, none is taken.
@@ -1137,7 +1097,6 @@ if gluon is not None:
                 nxt_row, nxt_q = _claim_take(_claim_start(P, M, Q, lanes), lanes, Q)
             claim = _claim_start(P, M, Q, lanes)
         else:
-            claim = lanes.to(gl.int64) * 0  # (no claims: unused)
             cur_row = gl.program_id(0) // Q
             cur_q = gl.program_id(0) - cur_row * Q
             if AHEAD2:
@@ -1211,10 +1170,13 @@ if gluon is not None:
                 last_q = cur_q
             new_row = M
             new_q = 0
+            late = False
             if last_row < M:
                 if CLAIM:
                     new_row, new_q = _claim_take(claim, lanes, Q)
-                    if new_row < M:
+                    if LATE:  # (the next claim is in a row after new's: in the written unit's row only if new is)
+                        late = new_row == _fifo_get(fifo_row, fidx, t % LAG)
+                    if (new_row < M) & (not late):
                         claim = _claim_start(P, M, Q, lanes)
                 else:
                     new_row = last_row + gl.num_programs(0) // Q
@@ -1266,8 +1228,8 @@ if gluon is not None:
                                  CHUNK)
             # a program never waits for a row it still holds an unreduced unit of: units in flight
             # in the written unit's row (claims came fast) are reduced now, ahead of their steps. (A
-            # claim started this step could be in that row only if the other programs took fewer than
-            # Q units in AHEAD + LAG + 1 of this program's steps; the wait's give-up would cover that.)
+            # claim started this step is in that row only if new is too: deep rings then start it after
+            # the wait, LATE; in the others the wait's give-up covers it, never seen there.)
             new_done = False
             if CLAIM:
                 if AHEAD2:
@@ -1298,14 +1260,16 @@ if gluon is not None:
                     if STEPS_MERGE:
                         if fresh:
                             m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q,
-                                               spin_max, claim, lanes, BWD, PIECE, PBLK, HAS_PRIOR, layout, playout,
-                                               ALIGN, OWN, CHUNK)
+                                               spin_max, BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN)
                     st_row = w_row
                     st_m = m
                     st_s = s
+                    if LATE:  # (the wait is over)
+                        if late & (new_row < M):
+                            claim = _claim_start(P, M, Q, lanes)
                 else:
                     m, s = _merged_row(A, B, P, ERR, PRIOR, words, w_row, M, N, stride_a, stride_b, Q, spin_max,
-                                       claim, lanes, BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN, OWN, CHUNK)
+                                       BWD, PIECE, PBLK, HAS_PRIOR, layout, playout, ALIGN)
                 if HAS_PRIOR:  # the whole row's statistic, for its other columns
                     gl.store(PRIOR + 2 * M + w_row, m, mask=w_q == 0)
                     gl.store(PRIOR + 3 * M + w_row, s, mask=w_q == 0)
@@ -1435,11 +1399,8 @@ if gluon is not None:
                 if (row < M) & (row != last):
                     words = _row_words(P + row.to(gl.int64) * Q, Q, BWD, PBLK, playout)
                     if WAITS:
-                        # (the steps' claims are theirs: OWN off; a wait here on a row that a step's
-                        # started claim is in gives up, PUBLISH_OWN_CLAIM)
                         m, s = _merged_row(A, B, P, ERR, PRIOR, words, row, M, N, stride_a, stride_b, Q, spin_max,
-                                           row, row, BWD, VEC * 32 * gl.num_warps(), PBLK, HAS_PRIOR, layout,
-                                           playout, ALIGN, False, 1)
+                                           BWD, VEC * 32 * gl.num_warps(), PBLK, HAS_PRIOR, layout, playout, ALIGN)
                         last = row
                         sent_m = m
                         sent_s = s
@@ -1662,11 +1623,6 @@ def _plan(direction: str, a, b, out, lse, config, prior):
     programs = _resident(args, consts, warps, True)
     if q > capacity(lag, programs):
         return None
-    if PUBLISH_OWN_CLAIM and lag >= 3 and q >= OWN_CLAIM_MIN_FILL * capacity(lag, programs):
-        own = dict(consts, OWN_CLAIM=True)  # (where its build holds the row too)
-        own_programs = _resident(args, own, warps, True)
-        if q <= capacity(lag, own_programs):
-            consts, programs = own, own_programs
     grid, claim = grid_plan(direction, m, q, programs, lag=lag)
     if not claim:  # the fixed-unit build sizes its own grid (its occupancy may differ)
         grid, _ = grid_plan(direction, m, q, _resident(args, consts, warps, False), claim=False, lag=lag)
@@ -1715,7 +1671,8 @@ def _constexprs(direction: str, a, b, out, config, has_prior: bool) -> tuple[dic
                   FOLD=FOLD_DIVISION_16BIT and lag >= FOLD_MIN_LAG and not bwd and out.element_size() == 2,
                   TMA_LOAD=width > 0, TMA_W=width, HAS_PRIOR=has_prior,
                   MERGE_WARPS=merge_warps, MERGE_EARLY=merge_early, MERGE_REGS=MERGE_REGS,
-                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align, OWN_CLAIM=False)
+                  MERGE_WAITS=merge_warps > 0 and n <= longest_waiting, ALIGN=align,
+                  LATE_CLAIM=LATE_CLAIM and lag >= 3)
     caps = [REGISTER_CAPS.get(key), merge_cap, SHIFTED_REGISTER_CAPS.get(key) if align > 1 else None]
     if any(caps):
         consts["maxnreg"] = min(cap for cap in caps if cap)
@@ -1755,7 +1712,7 @@ def memo(name: str, tensors, extra, build):
     and the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
-    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, PUBLISH_OWN_CLAIM, OWN_CLAIM_MIN_FILL,
+    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, LATE_CLAIM,
              FOLD_DIVISION_16BIT, FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS,
              tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
              tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(SPILL_FALLBACKS.items()),
