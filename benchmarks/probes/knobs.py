@@ -5,9 +5,9 @@ Run on a GPU:
         --variant 'lib=' --variant 'edges16=F.WHOLE_VECTOR_MIN_BYTES = dict(fwd=None, bwd=None)' \
         --variant 'tile8k=B.BWD_ROWS_TILE[2] = 8192; B.BWD_ROWS_CHUNK[2] = None'
 
-A variant is ``name=statements``: Python run with ``F`` (``softmax_fwd``), ``B`` (``softmax_bwd``) and
-``S`` (``softmax_staged``) in scope before each of its timings (not inside the timed calls). Every
-upper-case knob of the three modules, and any of their functions a variant replaced, is restored
+A variant is ``name=statements``: Python run with ``F`` (``softmax_fwd``), ``B`` (``softmax_bwd``),
+``S`` (``softmax_staged``) and ``H`` (``softmax_held``) in scope before each of its timings (not inside
+the timed calls). Every upper-case knob of the four modules, and any of their functions a variant replaced, is restored
 after each timing, so variants do not leak into each other.
 
 For each (N, M = 2^28 // N, dtype, direction) each variant is checked once against float64 (max
@@ -28,9 +28,10 @@ import torch
 from softmax_staged import DTYPES, bench, copy_gbs  # same folder: the staged probe's helpers
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
+from ringsoftmax.kernels import softmax_held as H
 from ringsoftmax.kernels import softmax_staged as S
 
-MODULES = (F, B, S)
+MODULES = (F, B, S, H)
 
 
 def is_knob(name: str, value) -> bool:
@@ -61,7 +62,7 @@ class knobs_set:
         self.code, self.saved = compile(statements or "pass", "<variant>", "exec"), saved
 
     def __enter__(self):
-        exec(self.code, {"F": F, "B": B, "S": S})
+        exec(self.code, {"F": F, "B": B, "S": S, "H": H})
 
     def __exit__(self, *exc):
         restore(self.saved)
