@@ -365,12 +365,12 @@ STORE_EVICT = ""
 #: the row then read again from global memory: right, but slow). Seen on an H100 (sessions 44-45, 2^16 polls):
 #: rows at 0.96 and 1.0 of a lag-7 ring's capacity (bf16 backward 6225920, 6488064) and the held path's full
 #: rows (bf16 backward 8M, float32 backward 4M), in 1-6 of 24 calls on triton 3.9, 0-1 on 3.6; with it, none
-#: (7 cases x 24 calls on each release). Cost (session 45, side by side, % of copy): H200 within 0.3 points at
-#: bf16 backward 1M-3M and float32 backward 2M-3.2M, -1.1 to -1.9 at bf16 backward 4M-6.5M, bf16 forward
-#: 6.5M-8M and float32 forward 4M; H100 within 1.3 either way. (The fix it replaced, a program publishing its
-#: started claim's unit from global memory after 64 re-reads, cost 3-9 points on the H200 in every build that
-#: had it, by its code alone, never run: ptxas then copied the claim's atomic result out of its register right
-#: after the atomic, which waits out the atomic's round trip at every step.)
+#: (7 cases x 24 calls on each release). Cost against every claim at the top (session 45, side by side, % of
+#: copy): H200 within 0.3 points at bf16 backward 1M-3M and float32 backward 2M-3.2M, -1.1 to -1.9 at bf16
+#: backward 4M-6.5M, bf16 forward 6.5M-8M and float32 forward 4M; H100 within 1.3. (The fix it replaced, a
+#: program publishing its started claim's unit from global memory after 64 re-reads, cost 3-9 points on the
+#: H200 in every build that had it, by its code alone, never run: ptxas then copied the claim's atomic result
+#: out of its register right after the atomic, which waits out the atomic's round trip at every step.)
 LATE_CLAIM = True
 #: TMA (Hopper's bulk tensor copies, sm_90+): the configs that ask for it load each chunk as one
 #: copy per program and row, completing on an mbarrier, where the rows allow it (``tma_width``;
@@ -1174,7 +1174,7 @@ if gluon is not None:
             if last_row < M:
                 if CLAIM:
                     new_row, new_q = _claim_take(claim, lanes, Q)
-                    if LATE:  # (the next claim is in a row after new's: in the written unit's row only if new is)
+                    if LATE:  # (the next claim comes after new: in the written unit's row only if new is)
                         late = new_row == _fifo_get(fifo_row, fidx, t % LAG)
                     if (new_row < M) & (not late):
                         claim = _claim_start(P, M, Q, lanes)
