@@ -1,6 +1,6 @@
 """Probe: how much of a second read comes back from L2, for a two-pass softmax done slab by slab.
 
-Run on a GPU:  python3 benchmarks/probes/l2_reuse.py [--slabs-mb 4,8,16,24,32,48] [--total-mb 1024]
+Run on a GPU:  python3 benchmarks/probes/l2_reuse.py [--slabs-mb 4,8,16,24,32,48] [--total-mb 1536]
 
 Rows longer than the chip keeps in shared memory are read twice (statistics, then normalize). If
 the rows were taken a slab at a time, small enough for L2 (50 MB on an H100 / H200), the second
@@ -13,9 +13,10 @@ grid-stride loop):
 1. ``read``: sums the slab (the statistics pass: one read);
 2. ``rw``: reads the slab again and writes y = 2 x to another tensor (the normalize pass).
 
-The slabs' launches are captured in one CUDA graph (so host gaps do not count) and replayed. The
-figure printed is the forward's: 2 * bytes / time, as % of torch's device-to-device copy of the
-whole tensor measured in the same process. A slab pair with no L2 reuse moves 3 bytes per 2
+The slabs' launches are captured in one CUDA graph (so host gaps do not count) and replayed, timed by
+``triton.testing.do_bench`` (L2 flushed before each replay; medians of ``--rounds`` interleaved rounds).
+The figure printed is the forward's: 2 * bytes / time, as % of the staged probe's device-to-device copy
+(``copy_gbs``) measured in the same process. A slab pair with no L2 reuse moves 3 bytes per 2
 (67%); with the whole re-read from L2, 2 per 2 (the copy's speed, ~100%).
 
 Variants: cache hints (none; ``evict_last`` on the first read, ``evict_first`` on the second read
@@ -30,6 +31,8 @@ import statistics
 import torch
 import triton
 import triton.language as tl
+
+from softmax_staged import bench, copy_gbs  # same folder: the staged probe's timing (do_bench, L2 flushed) and copy
 
 TILE = 4096
 
@@ -85,25 +88,10 @@ def graph_of(x, y, part, slab: int, variant, grid: int) -> torch.cuda.CUDAGraph:
     return g
 
 
-def time_ms(fn, reps: int = 10) -> float:
-    """Median of ``reps`` timings of fn, L2 flushed before each (a 256 MB memset)."""
-    flush = torch.empty(1 << 26, dtype=torch.float32, device="cuda")
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--slabs-mb", default="4,8,16,24,32,48")
-    ap.add_argument("--total-mb", type=int, default=1024)
+    ap.add_argument("--total-mb", type=int, default=1536)
     ap.add_argument("--per-sm", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
@@ -113,8 +101,7 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = sms * args.per_sm
     part = torch.empty(grid, device="cuda")
-    copy_ms = statistics.median(time_ms(lambda: y.copy_(x)) for _ in range(args.rounds))
-    copy = 2 * x.numel() * 4 / copy_ms / 1e6
+    copy = copy_gbs()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"{args.total_mb} MB float32, grid {grid}; copy {copy:.0f} GB/s")
     print("slab MB | variant | GB/s (2 * bytes / t) | % copy | read pass alone, % of a read at copy speed")
@@ -133,8 +120,8 @@ def main():
         read_times = []
         for _ in range(args.rounds):
             for name, g in graphs.items():
-                times[name].append(time_ms(g.replay))
-            read_times.append(time_ms(reads.replay))
+                times[name].append(bench(g.replay))
+            read_times.append(bench(reads.replay))
         read_pct = 100 * (x.numel() * 4 / statistics.median(read_times) / 1e6) / copy
         for name, ts in times.items():
             gbs = 2 * x.numel() * 4 / statistics.median(ts) / 1e6

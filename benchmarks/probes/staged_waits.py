@@ -22,12 +22,12 @@ import torch
 import triton
 
 from knobs import knobs_set, snapshot  # same folder: the knobs probe's variants
+from softmax_staged import DTYPES  # (and the staged probe's dtype names)
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 
 CASES = ("bwd/bf16/8388608,bwd/bf16/6225920,bwd/bf16/6488064,bwd/fp32/3244032,bwd/fp32/4194304,"
          "fwd/bf16/8388608,fwd/fp32/6488064")
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
 def main():
