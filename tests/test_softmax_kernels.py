@@ -1055,31 +1055,43 @@ def test_staged_grid_plan_cpu(monkeypatch):
 
 
 def test_staged_spill_fallbacks_cpu(monkeypatch):
-    """A table config whose build spills on the installed triton gives way to its ``SPILL_FALLBACKS``
-    config (shifted bf16 rows of the lag-2 ring of 16384, aligned float32 backward rows of the lag-2 ring
-    of 4096); a build that does not spill, or a config the caller gives, stays."""
-    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 528)
+    """A table config whose build spills on the installed triton gives way to the first of its
+    ``SPILL_FALLBACKS`` whose plan holds the row (shifted bf16 rows of the lag-2 ring of 16384: lag 2 of
+    12288, or past what that holds lag 5 of 8192; of the lag-3 ring of 8192: lag 5; aligned float32
+    backward rows of the lag-2 ring of 4096 two ahead: one ahead); a build that does not spill, or a config
+    the caller gives, stays."""
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 256)
     spilled = {"bytes": 0}
     monkeypatch.setattr(F, "local_bytes", lambda *args: spilled["bytes"])
-    n = 524289
-    x, y, lse = torch.empty(2, n, dtype=torch.bfloat16), torch.empty(2, n, dtype=torch.bfloat16), torch.empty(2)
-    assert F.row_align(x, x, y) > 1  # (the second row starts off 16 bytes)
-    table = S.launch_config("fwd", x, x, y)
-    assert table[:5] == (16384, 4, 3, 1, 2) and ("fwd", 2, *table[:5], True) in S.SPILL_FALLBACKS
 
     def taken(direction, a, b, out, lse, config=None):
         consts = S._launch_plan(direction, a, b, out, lse, config, None)[3]
-        return consts["CHUNK"], consts["STAGES"], consts["LAG"]
+        return consts["CHUNK"], consts["STAGES"], consts["AHEAD"], consts["LAG"]
 
-    assert taken("fwd", x, x, y, lse) == (16384, 3, 2)
+    for n, fallback in ((524289, (12288, 4, 1, 2)), (3500001, (8192, 7, 1, 5))):
+        # (256 programs hold rows of 256 chunks of 12288, 3.1M, in lag 2; of 1024 of 8192 in lag 5)
+        x, y, lse = torch.empty(2, n, dtype=torch.bfloat16), torch.empty(2, n, dtype=torch.bfloat16), torch.empty(2)
+        assert F.row_align(x, x, y) > 1  # (the second row starts off 16 bytes)
+        table = S.launch_config("fwd", x, x, y)
+        assert table[:5] == (16384, 4, 3, 1, 2) and ("fwd", 2, *table[:5], True) in S.SPILL_FALLBACKS
+        spilled["bytes"] = 0
+        assert taken("fwd", x, x, y, lse) == (16384, 3, 1, 2)
+        spilled["bytes"] = 8
+        assert taken("fwd", x, x, y, lse) == fallback, n
+        assert taken("fwd", x, x, y, lse, table) == (16384, 3, 1, 2)  # as given
+    # shifted rows past 4194304 take the main table's lag 3 of 8192 by cp.async: lag 5 of 8192 where it spills
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 396)
+    x = y = torch.empty(2, 4194305, dtype=torch.bfloat16)
+    assert S.launch_config("fwd", x, x, y)[:5] == (8192, 4, 4, 1, 3)
+    assert taken("fwd", x, x, y, None) == (8192, 7, 1, 5)
+    spilled["bytes"] = 0
+    assert taken("fwd", x, x, y, None) == (8192, 4, 1, 3)
     spilled["bytes"] = 8
-    assert taken("fwd", x, x, y, lse) == (8192, 4, 2)
-    assert taken("fwd", x, x, y, lse, table) == (16384, 3, 2)  # as given
     dy = torch.empty(3, 131072)
     assert S.launch_config("bwd", dy, dy)[:5] == (4096, 4, 3, 2, 2)
-    assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 1)
+    assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 1, 2)
     spilled["bytes"] = 0
-    assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 2)
+    assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 2, 2)
 
 
 def test_staged_plan_memo_cpu(monkeypatch):

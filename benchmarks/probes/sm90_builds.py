@@ -94,15 +94,12 @@ def table_builds(only: str | None = None) -> list[tuple]:
                     key = (direction, elem, tuple(config[:5]))
                     loads = [False] if shifted else ([True] if config[5] else []) + (
                         [] if S.tma_only(direction, elem, config) else [False])
-                    # (and the config that replaces it where its build spills, on cp.async rows)
-                    fallback = S.SPILL_FALLBACKS.get((direction, elem, *config[:5], shifted))
                     for n in _lengths(lo, hi, key, shifted):
                         for tma in loads:
                             for claim in _claims(config):
                                 for prior in ([False, True] if last else [False]):
                                     builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior))
-                        for claim in _claims(fallback) if fallback else []:
-                            builds.append((direction, elem, n, tuple(fallback), False, shifted, claim, False))
+                        builds += _fallback_builds(direction, elem, n, config, shifted)
     return builds + _shifted_gap_builds(only)
 
 
@@ -131,7 +128,18 @@ def _shifted_gap_builds(only: str | None) -> list[tuple]:
                 for n in _lengths(lo, hi, (direction, elem, tuple(config[:5])), True) if hi >= lo else []:
                     for claim in _claims(config):
                         builds.append((direction, elem, n, tuple(config), False, True, claim, False))
+                    builds += _fallback_builds(direction, elem, n, config, True)
     return builds
+
+
+def _fallback_builds(direction: str, elem: int, n: int, config, shifted: bool) -> list[tuple]:
+    """Builds of the configs that replace ``config`` on rows of ``n`` where its build spills
+    (``SPILL_FALLBACKS``: by cp.async, no prior)."""
+    from ringsoftmax.kernels import softmax_staged as S
+
+    return [(direction, elem, n, tuple(fallback), False, shifted, claim, False)
+            for fallback in S.SPILL_FALLBACKS.get((direction, elem, *config[:5], shifted), ())
+            for claim in _claims(fallback)]
 
 
 def attention_builds() -> list[tuple]:
@@ -422,10 +430,6 @@ KNOWN_SPILLS = {
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 12,
         # two loop-invariant scalars at 96 registers (stored once, loaded once a step)
         "bwd float32 4096x4 slots 3 ahead 1 lag 1 cp.async shifted": 8,
-        # scalars and one mask of the end vectors (loaded once a step); spilling, this ring ran 93.1-93.4%
-        # of copy at 196609-262143 against 83.6-89.0 for the three rings that hold no chunk in registers
-        # (H100, session 42 call 2)
-        "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async shifted": 16,
         # attention: the forward's 192-row tile at D=64 (128 registers a compute thread; +1.8 to +4.0%
         # over 128 rows at 2K-32K keys, H200, session 26), and the dK/dV kernel at D=128 (its per-step softmax tile;
         # known since session 21, when it measured 453-475 TFLOP/s full, 390-475 causal, H100, against
@@ -446,16 +450,12 @@ KNOWN_SPILLS = {
     },
     "3.9": {
         # Triton 3.9 assembles with ptxas 13.4 and --regAllocOptLevel=2 (a workaround of triton's for a ptxas
-        # 13 bug), and these builds spill where 3.6's do not. Measured on an H100 with 3.9 (session 43), the
-        # first three cost 13-43 points of copy; where they spill, the launch takes the config that
-        # softmax_staged.SPILL_FALLBACKS gives (88.2 / 89.5 / 100.7% against 52.7 / 76.2 / 87.3):
+        # 13 bug), and these builds spill where 3.6's do not. Measured on an H100 with 3.9 (sessions 43 and
+        # 46), they cost 6-43 points of copy; where they spill, the launch takes the configs that
+        # softmax_staged.SPILL_FALLBACKS gives (the measurements are there):
         "fwd bfloat16 16384x4 slots 3 ahead 1 lag 2 cp.async shifted": 532,
         "fwd bfloat16 8192x4 slots 3 ahead 1 lag 1 cp.async shifted maxnreg 128": 52,
         "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async": 8,
-        # the bf16 fallback's own build (scalars, 8 bytes): it ran 88.2% at 600011-2000003
-        "fwd bfloat16 8192x4 slots 4 ahead 1 lag 2 cp.async shifted": 8,
-        # bf16 forward rows of 4194305-5767168 shifted: 78% on 3.9 against 91 on 3.6 (without the cap 78.8);
-        # no config measured better there yet
         "fwd bfloat16 8192x4 slots 4 ahead 1 lag 3 cp.async shifted maxnreg 168": 252,
         # not measured on 3.9: rings that hold a chunk in registers (255 registers) or run at a register cap
         "fwd float32 8192x4 slots 7 ahead 1 lag 7 tma": 4,
@@ -473,7 +473,6 @@ KNOWN_SPILLS = {
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 5 cp.async shifted merge maxnreg 128": 180,
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 128": 320,
         "fwd bfloat16 8192x4 slots 7 ahead 1 lag 7 cp.async shifted": 16,
-        "bwd float32 4096x4 slots 3 ahead 2 lag 2 cp.async shifted": 212,
         "bwd float32 4096x4 slots 7 ahead 1 lag 5 cp.async shifted": 4,
         "bwd float32 4096x4 slots 7 ahead 1 lag 6 cp.async shifted merge maxnreg 248": 4,
         "bwd float32 4096x4 slots 7 ahead 1 lag 7 cp.async shifted": 16,

@@ -268,6 +268,12 @@ STAGED_CONFIG = {
 #:   87.8 (two programs per multiprocessor instead of three).
 #: - Not taken: the bf16 backward's lag 2 in 4 slots of 5120 / 6144 (78-87 against 87 for 4096 at 300007 /
 #:   600011).
+#: Session 46 (``knobs.py``, 3 rounds, logs ``-s46-call2-winners.log`` H100, ``-s46-call3-winners.log`` H200): the
+#: float32 backward's lag 2 from 196608 one chunk ahead in 3 slots (``RINGS``' (3, 1, 2)) instead of two ahead
+#: (3, 2, 2): 93.9 / 93.7 (H200) and 98.0 / 97.6 (H100) at 200003 / 250007 against 83.9 / 83.8 and 93.6 / 93.2
+#: on triton 3.6; on 3.9, whose (3, 2, 2) build spills, 95.1 / 94.2 against 51.6 / 51.2 on the H200.
+#: - Not taken: the bf16 backward's lag 5 of 8192 in place of 4096 (H100 +2.5 to +10.7 points at 3M-4.19M on
+#:   both releases; H200 -2.4 to -7.6 at 2.5M-4.19M on 3.6, -4.9 to -12.4 at 2.5M-3.6M on 3.9, +2.6 at 4194305).
 STAGED_CONFIG_SHIFTED = {
     ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
                  (73728, (8192, 4, 3, 1, 1, False)), (262144, None),
@@ -279,7 +285,7 @@ STAGED_CONFIG_SHIFTED = {
                  (5767169, (8192, 4, 7, 1, 5, False)), (8650753, (8192, 4, 7, 1, 6, False)),
                  (10813441, (8192, 4, 7, 1, 7, False))],
     ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (4608, 4, 3, 1, 1, False)),
-                 (110000, (4096, 4, 3, 1, 1, False)), (196608, (4096, 4, 3, 2, 2, False)),
+                 (110000, (4096, 4, 3, 1, 1, False)), (196608, (4096, 4, 3, 1, 2, False)),
                  (262144, (4096, 4, 7, 1, 5, False)), (2097153, (4096, 4, 7, 1, 6, False)),
                  (2703361, (4096, 4, 7, 1, 7, False))],
     ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
@@ -290,7 +296,8 @@ STAGED_CONFIG_SHIFTED = {
 #: Configs that give way to another where their build spills registers on the triton installed (its
 #: ptxas and flags: triton 3.9 passes ``--regAllocOptLevel=2``, and there these builds spill where 3.6's do
 #: not), keyed by (direction, element size, chunk, warps, slots, ahead, lag, rows shifted (ALIGN > 1)):
-#: the fallback config, taken where its launch holds the row (``_launch_plan``). H100, session 43
+#: fallback configs in order, of which the launch takes the first whose plan holds the row (``_launch_plan``;
+#: none: the table's). H100, session 43
 #: (``-s43-call5-configs.log``), % of copy, spilling table build against the fallback, on 3.9 (3.6 keeps
 #: the table's, which runs 2-13 points ahead there):
 #:  - bf16 forward shifted lag 2 of 16384 (532 bytes spilled): 49.4-51.7 against 88.2 at 600011-2000003;
@@ -302,11 +309,26 @@ STAGED_CONFIG_SHIFTED = {
 #:  - bf16 backward lag 2 ahead 2 of 16384 by 8 warps, TMA (92 bytes): 58.0 / 58.1 / 57.8 against 100.3 /
 #:    100.2 / 100.2 at 2^20 / 1.5 * 2^20 / 2^21 for lag 5 of 4096 by TMA (3.6, where the table's build does
 #:    not spill: 99.4 / 99.3 / 99.0 against 100.3 for lag 5).
+#: Session 46 (``knobs.py``, 3 rounds, logs ``-s46-call1-t39-configs.log``, ``-s46-call2-winners.log`` on an
+#: H100, ``-s46-call3-winners.log`` on an H200), on 3.9, % of copy H100 / H200:
+#:  - bf16 forward shifted lag 2 of 16384: lag 2 of 12288 in 4 slots (three sub-tiles of 4096, no spill; rows
+#:    to 3.24M) 94.5-95.8 / 82.3-82.6 at 600011-2000003 against 88.2-88.3 / 71.3-71.7 for the lag 2 of 8192 in
+#:    4 slots this list had (whose rows end at 2.16M: past it the spilling build ran, 52.3 / 43.4 at
+#:    3000017); past 3.24M lag 5 of 8192 (the 16-bit forward's merging ring): H200 79.8 / 79.6 at 3600001 /
+#:    4000037 against 42.9 / 42.2 (on 3.6 the table's build ran 94.4-96.0 on the H100, 12288 91.0-91.8);
+#:  - bf16 forward shifted lag 3 of 8192 at maxnreg 168 (the main table's, rows 4194305-5767168, 232 bytes):
+#:    lag 5 of 8192 94.1 / 94.3 / 92.1 (H100) and 78.4 / 78.9 / 78.3 (H200) against 78.7 / 76.3 / 72.7 and
+#:    65.4 / 65.2 / 64.0 at 4194305 / 5000011 / 5767167 (on 3.6 the H200 kept lag 3, 78.6-79.7 against
+#:    77.5-78.1);
+#:  - float32 backward lag 2 ahead 2 of 4096: lag 2 in 3 slots one ahead (the written chunk in registers,
+#:    217 registers, no spill) 100.8 / 102.3 at 256000 and 101.1 / 102.1 at 1000000 against 95.6 / 92.6 and
+#:    94.0 / 88.4 for lag 1 (on 3.6 a tie with the table's, 101.0-102.4 against 100.9-102.3).
 SPILL_FALLBACKS = {
-    ("fwd", 2, 16384, 4, 3, 1, 2, True): (8192, 4, 4, 1, 2, False),
-    ("fwd", 2, 8192, 4, 3, 1, 1, True): (9216, 4, 3, 1, 1, False),
-    ("bwd", 4, 4096, 4, 3, 2, 2, False): (4096, 4, 3, 1, 1, False),
-    ("bwd", 2, 16384, 8, 3, 2, 2, False): (4096, 4, 7, 1, 5, True),
+    ("fwd", 2, 16384, 4, 3, 1, 2, True): ((12288, 4, 4, 1, 2, False), (8192, 4, 7, 1, 5, False)),
+    ("fwd", 2, 8192, 4, 3, 1, 1, True): ((9216, 4, 3, 1, 1, False),),
+    ("fwd", 2, 8192, 4, 4, 1, 3, True): ((8192, 4, 7, 1, 5, False),),
+    ("bwd", 4, 4096, 4, 3, 2, 2, False): ((4096, 4, 3, 1, 2, False),),
+    ("bwd", 2, 16384, 8, 3, 2, 2, False): ((4096, 4, 7, 1, 5, True),),
 }
 #: Padding a row's chunks of sub-tiles (``sub_tile``) counts this much more than a power of two's, by
 #: (direction, element size), where an entry of ``STAGED_CONFIG_SHIFTED`` has alternatives (``least_padded``):
@@ -1594,16 +1616,17 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
 def _launch_plan(direction: str, a, b, out, lse, config, prior):
     """(grid, claim, Q, constexprs, num_warps) of ``launch`` on these rows, or None where one row's
     chunks outnumber what the resident grid holds. Without a given ``config``: the table's
-    (``launch_config``), or its ``SPILL_FALLBACKS`` entry where the table's build spills here and the
-    fallback's plan holds the row."""
+    (``launch_config``), or where the table's build spills here the first of its ``SPILL_FALLBACKS``
+    whose plan holds the row."""
     chosen = config or launch_config(direction, a, b, out)
     plan = _plan(direction, a, b, out, lse, chosen, prior)
     if plan is None or config is not None:
         return plan
-    fallback = SPILL_FALLBACKS.get((direction, F.element_size(a, b), *chosen[:5], plan[3]["ALIGN"] > 1))
-    if fallback is None or not _spills(direction, a, b, out, lse, prior, plan):
+    fallbacks = SPILL_FALLBACKS.get((direction, F.element_size(a, b), *chosen[:5], plan[3]["ALIGN"] > 1), ())
+    if not fallbacks or not _spills(direction, a, b, out, lse, prior, plan):
         return plan
-    return _plan(direction, a, b, out, lse, fallback, prior) or plan
+    held = (_plan(direction, a, b, out, lse, fallback, prior) for fallback in fallbacks)
+    return next((p for p in held if p is not None), plan)
 
 
 def _plan(direction: str, a, b, out, lse, config, prior):
