@@ -1058,8 +1058,8 @@ def test_staged_spill_fallbacks_cpu(monkeypatch):
     """A table config whose build spills on the installed triton gives way to the first of its
     ``SPILL_FALLBACKS`` whose plan holds the row (shifted bf16 rows of the lag-2 ring of 16384: lag 2 of
     12288, or past what that holds lag 5 of 8192; of the lag-3 ring of 8192: lag 5; aligned float32
-    backward rows of the lag-2 ring of 4096 two ahead: one ahead); a build that does not spill, or a config
-    the caller gives, stays."""
+    backward rows of the lag-2 ring of 4096 two ahead: one ahead; the held path's shifted float32 backward
+    lag 7: lag 6); a build that does not spill, or a config the caller gives, stays."""
     monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 256)
     spilled = {"bytes": 0}
     monkeypatch.setattr(F, "local_bytes", lambda *args: spilled["bytes"])
@@ -1087,6 +1087,16 @@ def test_staged_spill_fallbacks_cpu(monkeypatch):
     spilled["bytes"] = 0
     assert taken("fwd", x, x, y, None) == (8192, 4, 1, 3)
     spilled["bytes"] = 8
+    # the held path's launch on shifted float32 backward rows past the lag-7 ring: lag 6 where its build spills
+    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 132)
+    y = torch.empty(2, 4194305)
+    assert S.launch_config("bwd", y, y, y)[:5] == (4096, 4, 7, 1, 7)
+    assert S.held_config("bwd", y, y, y)[:5] == (4096, 4, 7, 1, 6)
+    spilled["bytes"] = 0
+    assert S.held_config("bwd", y, y, y)[:5] == (4096, 4, 7, 1, 7)
+    y = torch.empty(2, 2703361)  # (past what lag 6 holds on 132 programs: the direct launch keeps lag 7)
+    spilled["bytes"] = 8
+    assert taken("bwd", y, y, y, None) == (4096, 7, 1, 7)
     dy = torch.empty(3, 131072)
     assert S.launch_config("bwd", dy, dy)[:5] == (4096, 4, 3, 2, 2)
     assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 1, 2)

@@ -99,7 +99,7 @@ def table_builds(only: str | None = None) -> list[tuple]:
                             for claim in _claims(config):
                                 for prior in ([False, True] if last else [False]):
                                     builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior))
-                        builds += _fallback_builds(direction, elem, n, config, shifted)
+                        builds += _fallback_builds(direction, elem, n, config, shifted, last)
     return builds + _shifted_gap_builds(only)
 
 
@@ -128,18 +128,19 @@ def _shifted_gap_builds(only: str | None) -> list[tuple]:
                 for n in _lengths(lo, hi, (direction, elem, tuple(config[:5])), True) if hi >= lo else []:
                     for claim in _claims(config):
                         builds.append((direction, elem, n, tuple(config), False, True, claim, False))
-                    builds += _fallback_builds(direction, elem, n, config, True)
+                    builds += _fallback_builds(direction, elem, n, config, True, False)
     return builds
 
 
-def _fallback_builds(direction: str, elem: int, n: int, config, shifted: bool) -> list[tuple]:
+def _fallback_builds(direction: str, elem: int, n: int, config, shifted: bool, last: bool) -> list[tuple]:
     """Builds of the configs that replace ``config`` on rows of ``n`` where its build spills
-    (``SPILL_FALLBACKS``: by cp.async, no prior)."""
+    (``SPILL_FALLBACKS``: by cp.async; with a prior too where ``config`` is its table's ``last``, whose
+    launches the held path makes: ``softmax_staged.held_config``)."""
     from ringsoftmax.kernels import softmax_staged as S
 
-    return [(direction, elem, n, tuple(fallback), False, shifted, claim, False)
+    return [(direction, elem, n, tuple(fallback), False, shifted, claim, prior)
             for fallback in S.SPILL_FALLBACKS.get((direction, elem, *config[:5], shifted), ())
-            for claim in _claims(fallback)]
+            for claim in _claims(fallback) for prior in ([False, True] if last else [False])]
 
 
 def attention_builds() -> list[tuple]:

@@ -74,8 +74,9 @@ def traffic(direction: str, a, b, out, held: int) -> int:
 
 def _plan(direction: str, a, b, out) -> tuple:
     """(config, held columns) of ``held_split`` on these rows: the table's config for the whole
-    rows (its deepest ring) and ``held_width`` under it."""
-    config = S.launch_config(direction, a, b, out)
+    rows (its deepest ring, or its spill fallback: ``softmax_staged.held_config``) and ``held_width``
+    under it."""
+    config = S.held_config(direction, a, b, out)
     return config, held_width(direction, a, b, out, config)
 
 

@@ -326,13 +326,18 @@ STAGED_CONFIG_SHIFTED = {
 #:    77.5-78.1);
 #:  - float32 backward lag 2 ahead 2 of 4096: lag 2 in 3 slots one ahead (the written chunk in registers,
 #:    217 registers, no spill) 100.8 / 102.3 at 256000 and 101.1 / 102.1 at 1000000 against 95.6 / 92.6 and
-#:    94.0 / 88.4 for lag 1 (on 3.6 a tie with the table's, 101.0-102.4 against 100.9-102.3).
+#:    94.0 / 88.4 for lag 1 (on 3.6 a tie with the table's, 101.0-102.4 against 100.9-102.3);
+#:  - float32 backward shifted lag 7 of 4096, the held path's build (with a prior and ``LATE_CLAIM``, 60
+#:    bytes; the build without a prior 16, and lag 6 does not hold the rows it takes): lag 6, 73.6 / 68.4
+#:    against 61.3 / 60.6 at 4194305 / 6000011 (H100, ``-s46-call8-fp32bwd-held.log``; the claims at the
+#:    step's top 76.0 / 69.6, as session 43's tree; 3.6 78.0 / 71.5).
 SPILL_FALLBACKS = {
     ("fwd", 2, 16384, 4, 3, 1, 2, True): ((12288, 4, 4, 1, 2, False), (8192, 4, 7, 1, 5, False)),
     ("fwd", 2, 8192, 4, 3, 1, 1, True): ((9216, 4, 3, 1, 1, False),),
     ("fwd", 2, 8192, 4, 4, 1, 3, True): ((8192, 4, 7, 1, 5, False),),
     ("bwd", 4, 4096, 4, 3, 2, 2, False): ((4096, 4, 3, 1, 2, False),),
     ("bwd", 2, 16384, 8, 3, 2, 2, False): ((4096, 4, 7, 1, 5, True),),
+    ("bwd", 4, 4096, 4, 7, 1, 7, True): ((4096, 4, 7, 1, 6, False),),
 }
 #: Padding a row's chunks of sub-tiles (``sub_tile``) counts this much more than a power of two's, by
 #: (direction, element size), where an entry of ``STAGED_CONFIG_SHIFTED`` has alternatives (``least_padded``):
@@ -1665,6 +1670,22 @@ def _spills(direction: str, a, b, out, lse, prior, plan) -> bool:
     grid, claim, q, consts, warps = plan
     args = _kernel_args(a, b, out, lse, prior, consts, _stand_in_words(a.device), q)
     return F.local_bytes(_staged_kernel, args, dict(consts, CLAIM=claim), warps, _build_key(args)) > 0
+
+
+def held_config(direction: str, a, b, out) -> tuple:
+    """The config of ``softmax_held``'s staged launch (leading columns, with a prior) on (M, N) rows a, b
+    (out) longer than one launch holds: the table's (its deepest ring), or its first ``SPILL_FALLBACKS``
+    config where that build with a prior spills here (the fallback's held columns are its own
+    ``held_columns``, so it holds them)."""
+    config = launch_config(direction, a, b, out)
+    held = held_columns(direction, a, b, out, config)
+    views, prior = (a[:, :held], b[:, :held], out[:, :held]), torch.empty((4, a.shape[0]), device=a.device)
+    plan = _plan(direction, *views, None, config, prior)
+    fallbacks = () if plan is None else SPILL_FALLBACKS.get(
+        (direction, F.element_size(a, b), *config[:5], plan[3]["ALIGN"] > 1), ())
+    if not fallbacks or not _spills(direction, *views, None, prior, plan):
+        return config
+    return fallbacks[0]
 
 
 def held_columns(direction: str, a, b, out, config=None) -> int:
