@@ -452,7 +452,7 @@ KNOWN_SPILLS = {
     "3.9": {
         # Triton 3.9 assembles with ptxas 13.4 and --regAllocOptLevel=2 (a workaround of triton's for a ptxas
         # 13 bug), and these builds spill where 3.6's do not. Measured on an H100 with 3.9 (sessions 43 and
-        # 46), they cost 6-43 points of copy; where they spill, the launch takes the configs that
+        # 46), they cost 11-43 points of copy; where they spill, the launch takes the configs that
         # softmax_staged.SPILL_FALLBACKS gives (the measurements are there):
         "fwd bfloat16 16384x4 slots 3 ahead 1 lag 2 cp.async shifted": 532,
         "fwd bfloat16 8192x4 slots 3 ahead 1 lag 1 cp.async shifted maxnreg 128": 52,

@@ -1634,8 +1634,8 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
     fallbacks = SPILL_FALLBACKS.get((direction, F.element_size(a, b), *chosen[:5], plan[3]["ALIGN"] > 1), ())
     if not fallbacks or not _spills(direction, a, b, out, lse, prior, plan):
         return plan
-    held = (_plan(direction, a, b, out, lse, fallback, prior) for fallback in fallbacks)
-    return next((p for p in held if p is not None), plan)
+    plans = (_plan(direction, a, b, out, lse, fallback, prior) for fallback in fallbacks)
+    return next((p for p in plans if p is not None), plan)
 
 
 def _plan(direction: str, a, b, out, lse, config, prior):
