@@ -1631,10 +1631,8 @@ def _launch_plan(direction: str, a, b, out, lse, config, prior):
     plan = _plan(direction, a, b, out, lse, chosen, prior)
     if plan is None or config is not None:
         return plan
-    fallbacks = SPILL_FALLBACKS.get((direction, F.element_size(a, b), *chosen[:5], plan[3]["ALIGN"] > 1), ())
-    if not fallbacks or not _spills(direction, a, b, out, lse, prior, plan):
-        return plan
-    plans = (_plan(direction, a, b, out, lse, fallback, prior) for fallback in fallbacks)
+    plans = (_plan(direction, a, b, out, lse, fallback, prior)
+             for fallback in _spill_fallbacks(direction, a, b, out, lse, prior, chosen, plan))
     return next((p for p in plans if p is not None), plan)
 
 
@@ -1665,11 +1663,16 @@ def _plan(direction: str, a, b, out, lse, config, prior):
     return grid, claim, q, consts, warps
 
 
-def _spills(direction: str, a, b, out, lse, prior, plan) -> bool:
-    """Whether the build ``plan`` launches (its constexprs and claim) spills registers here."""
+def _spill_fallbacks(direction: str, a, b, out, lse, prior, config, plan) -> tuple:
+    """``config``'s ``SPILL_FALLBACKS`` where the build ``plan`` launches (its constexprs and claim) spills
+    registers here, else ()."""
     grid, claim, q, consts, warps = plan
+    fallbacks = SPILL_FALLBACKS.get((direction, F.element_size(a, b), *config[:5], consts["ALIGN"] > 1), ())
+    if not fallbacks:
+        return ()
     args = _kernel_args(a, b, out, lse, prior, consts, _stand_in_words(a.device), q)
-    return F.local_bytes(_staged_kernel, args, dict(consts, CLAIM=claim), warps, _build_key(args)) > 0
+    spills = F.local_bytes(_staged_kernel, args, dict(consts, CLAIM=claim), warps, _build_key(args)) > 0
+    return fallbacks if spills else ()
 
 
 def held_config(direction: str, a, b, out) -> tuple:
@@ -1681,11 +1684,8 @@ def held_config(direction: str, a, b, out) -> tuple:
     held = held_columns(direction, a, b, out, config)
     views, prior = (a[:, :held], b[:, :held], out[:, :held]), torch.empty((4, a.shape[0]), device=a.device)
     plan = _plan(direction, *views, None, config, prior)
-    fallbacks = () if plan is None else SPILL_FALLBACKS.get(
-        (direction, F.element_size(a, b), *config[:5], plan[3]["ALIGN"] > 1), ())
-    if not fallbacks or not _spills(direction, *views, None, prior, plan):
-        return config
-    return fallbacks[0]
+    fallbacks = () if plan is None else _spill_fallbacks(direction, *views, None, prior, config, plan)
+    return fallbacks[0] if fallbacks else config
 
 
 def held_columns(direction: str, a, b, out, config=None) -> int:
