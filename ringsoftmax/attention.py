@@ -12,6 +12,7 @@ import torch
 
 from .backend import attention_ops, use_triton
 from .kernels.hostmath import MAX_SCALE, check_scale  # (plain Python, no triton)
+from .merge import accum_dtype
 from .softmax import FLOAT_DTYPES, once_differentiable
 
 KERNEL_MAX_HEAD_DIM = 256  # the Triton kernels' limit (kernels/attention_fwd.check_problem)
@@ -90,6 +91,21 @@ def default_scale(q: torch.Tensor, softmax_scale):
     return check_scale(softmax_scale)
 
 
+def attention_block_grads(q, k, v, out, lse, dout, dlse, block: dict):
+    """(dq, dk, dv) of one block in q's, k's and v's dtypes, no autograd: ``dout`` the gradient of out
+    (None: zero), ``dlse`` that of lse (None: zero); ``block`` as for the block's forward."""
+    ops = attention_ops(q)
+    dout = torch.zeros_like(out) if dout is None else dout
+    delta = ops.attention_delta(out, dout)
+    if dlse is not None:
+        # d lse / d s = p, so a gradient on lse enters as ds += p * dlse: fold it into delta.
+        delta = delta - dlse.to(delta.dtype)
+    kw = {key: val for key, val in block.items() if key != "out_dtype"}
+    # gradients in the inputs' dtype, rounded once as the kernels write them
+    dq, dk, dv = ops.attention_bwd(q, k, v, out, dout, lse, delta, grad_dtype=q.dtype, **kw)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class AttentionFunction(torch.autograd.Function):
     """(q, k, v) -> (out, lse) of one block; ``block`` holds the mask and varlen arguments."""
 
@@ -104,17 +120,17 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable("attention")
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        ops = attention_ops(q)
-        dout = torch.zeros_like(out) if dout is None else dout
-        delta = ops.attention_delta(out, dout)
-        if dlse is not None:
-            # d lse / d s = p, so a gradient on lse enters as ds += p * dlse: fold it into delta.
-            delta = delta - dlse.to(delta.dtype)
-        kw = {key: val for key, val in ctx.block.items() if key != "out_dtype"}
-        # gradients in the inputs' dtype, rounded once as the kernels write them
-        dq, dk, dv = ops.attention_bwd(q, k, v, out, dout, lse, delta, grad_dtype=q.dtype, **kw)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        return *attention_block_grads(*ctx.saved_tensors, dout, dlse, ctx.block), None
+
+
+def _attention_block(q, k, v, block: dict):
+    """(out, lse) of one block with autograd: ``AttentionFunction``, or under torch.compile the custom
+    op ``attention_block_op``, which carries its own autograd formula."""
+    if torch.compiler.is_compiling():
+        return attention_block_op(q, k, v, block["softmax_scale"], block["causal"], block.get("cu_seqlens_q"),
+                                  block.get("cu_seqlens_k"), block.get("max_seqlen_q", 0),
+                                  block.get("max_seqlen_k", 0))
+    return AttentionFunction.apply(q, k, v, block)
 
 
 def attention(q, k, v, causal: bool = False, softmax_scale=None):
@@ -133,7 +149,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale=None):
     """
     check_qkv(q, k, v, "attention")
     block = dict(softmax_scale=default_scale(q, softmax_scale), causal=check_causal(causal, "attention"))
-    return AttentionFunction.apply(q, k, v, block)
+    return _attention_block(q, k, v, block)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, causal: bool = False, softmax_scale=None):
@@ -162,7 +178,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, causal: bool = Fa
                  cu_seqlens_q=cu_seqlens_q.to(device=q.device, dtype=torch.int32),
                  cu_seqlens_k=cu_k.to(device=q.device, dtype=torch.int32),
                  max_seqlen_q=max(lens_q, default=0), max_seqlen_k=max(lens_k, default=0))
-    return AttentionFunction.apply(q, k, v, block)
+    return _attention_block(q, k, v, block)
 
 
 def _check_cu_seqlens(cu, t, name):
@@ -173,3 +189,59 @@ def _check_cu_seqlens(cu, t, name):
     if c[0] != 0 or c[-1] != t.shape[0] or any(b < a for a, b in zip(c, c[1:])):
         raise ValueError(f"attention_varlen: {name} must rise from 0 to {t.shape[0]} (the packed length), got {c}")
     return [b - a for a, b in zip(c, c[1:])]
+
+
+# torch.compile: dynamo sees a block's forward and backward as two opaque custom ops (see the note
+# above ``softmax.softmax_rows_op``). Dense blocks pass no cu_seqlens (and max_seqlen 0).
+_BLOCK_ARGS = "float softmax_scale, bool causal, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, " \
+              "int max_seqlen_k"
+
+
+def _block(softmax_scale, causal, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> dict:
+    """The ops' arguments as the ``block`` dict of ``attention`` / ``attention_varlen``."""
+    block = dict(softmax_scale=softmax_scale, causal=causal)
+    if cu_seqlens_q is not None:
+        block.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k)
+    return block
+
+
+@torch.library.custom_op("ringsoftmax::attention_block", mutates_args=(),
+                         schema=f"(Tensor q, Tensor k, Tensor v, {_BLOCK_ARGS}) -> (Tensor, Tensor)")
+def attention_block_op(q, k, v, *args):
+    """(out like q, contiguous; lse (batch, heads, seqlen_q), packed (heads, total_q), float32 or float64)."""
+    out, lse = attention_ops(q).attention_fwd(q, k, v, **_block(*args))
+    return out.contiguous(), lse.contiguous()
+
+
+@attention_block_op.register_fake
+def _attention_block_fake(q, k, v, softmax_scale, causal, cu_seqlens_q, *_):
+    lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=accum_dtype(q.dtype))
+
+
+@torch.library.custom_op("ringsoftmax::attention_block_backward", mutates_args=(),
+                         schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dout, Tensor? dlse, "
+                                f"{_BLOCK_ARGS}) -> (Tensor, Tensor, Tensor)")
+def attention_block_backward_op(q, k, v, out, lse, dout, dlse, *args):
+    """``attention_block_grads`` as an op: (dq, dk, dv) contiguous. It has no gradient of its own, so a
+    second differentiation raises."""
+    return tuple(g.contiguous() for g in attention_block_grads(q, k, v, out, lse, dout, dlse, _block(*args)))
+
+
+@attention_block_backward_op.register_fake
+def _attention_block_backward_fake(q, k, v, *_):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_block_setup(ctx, inputs, output):
+    ctx.args = inputs[3:]
+    ctx.save_for_backward(*inputs[:3], *output)
+
+
+def _attention_block_grad(ctx, dout, dlse):
+    grads = attention_block_backward_op(*ctx.saved_tensors, dout, dlse, *ctx.args)
+    return *grads, *(None for _ in ctx.args)
+
+
+attention_block_op.register_autograd(_attention_block_grad, setup_context=_attention_block_setup)

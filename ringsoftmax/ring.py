@@ -14,6 +14,10 @@ Before any exchange, the ranks agree on their arguments (one small all_gather): 
 input, or ranks whose shards disagree (or disagree on whether a gradient is needed, so that only
 some would run the backward), make every rank raise instead of leaving some waiting. Double
 backward is not supported and raises.
+
+Under torch.compile both functions run eagerly (``torch.compiler.disable``; the compiled graph breaks
+around them): their agreement and ring loops are collectives between kernel launches, which dynamo
+traced into and failed on.
 """
 from __future__ import annotations
 
@@ -306,6 +310,7 @@ def check_ring_qkv(q, k, v, layout: str, fn: str) -> None:
                          "must have one length (use attention for q and k/v of different lengths)")
 
 
+@torch.compiler.disable  # (see the module's note)
 def ring_attention(q, k, v, causal: bool = False, softmax_scale=None, group=None, layout: str = "zigzag"):
     """Attention over a sequence sharded across the ranks of ``group``; differentiable (first order).
 
@@ -387,6 +392,7 @@ class RingSoftmaxFunction(torch.autograd.Function):
         return from_rows(dx, ctx.shape, ctx.dim), None, None
 
 
+@torch.compiler.disable  # (see the module's note)
 def ring_softmax(x_shard: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
     """Softmax along ``dim`` of rows split over the ranks of ``group``; differentiable (first order).
 

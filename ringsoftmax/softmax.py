@@ -11,6 +11,7 @@ import torch
 
 from .backend import softmax_ops
 from .layouts import check_dim
+from .merge import accum_dtype
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -31,6 +32,11 @@ def to_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     else:
         moved = x.movedim(dim, -1)
         rows = moved.reshape(moved.shape[:-1].numel(), moved.shape[-1])
+    return unit_columns(rows)
+
+
+def unit_columns(rows: torch.Tensor) -> torch.Tensor:
+    """(M, N) ``rows`` with unit column stride, as the row kernels take them (a copy only where they lack it)."""
     return rows if rows.shape[-1] <= 1 or rows.stride(-1) == 1 else rows.contiguous()
 
 
@@ -48,10 +54,14 @@ def lse_shape(x: torch.Tensor, dim: int):
 
 def softmax_rows(x: torch.Tensor, dim: int, with_lse: bool):
     """(y like x, lse of ``lse_shape`` or None without ``with_lse``), no autograd: x as rows through
-    the backend's row kernels and back."""
+    the backend's row kernels and back (under torch.compile, through the custom op ``softmax_rows_op``,
+    whose autograd formula is registered with it)."""
     rows = to_rows(x, dim)
-    y, lse = softmax_ops(rows).softmax_fwd(rows, with_lse)
-    return from_rows(y, x.shape, dim), None if lse is None else lse.reshape(lse_shape(x, dim))
+    if torch.compiler.is_compiling():
+        y, lse = softmax_rows_op(rows, with_lse)
+    else:
+        y, lse = softmax_ops(rows).softmax_fwd(rows, with_lse)
+    return from_rows(y, x.shape, dim), lse.reshape(lse_shape(x, dim)) if with_lse else None
 
 
 class _DoubleBackwardError(torch.autograd.Function):
@@ -97,6 +107,22 @@ def once_differentiable(fn: str):
     return decorate
 
 
+def softmax_rows_backward(y: torch.Tensor, dy, dlse) -> torch.Tensor:
+    """dx of (M, N) rows: ``y * (dy - rowsum(dy * y) + dlse)``, no autograd.
+
+    y: the forward's output rows; dy: their gradient (None: zero); dlse: (M,) the gradient of lse
+    (None: zero). dx is (M, N) contiguous in dy's dtype (y's without dy).
+    """
+    dy = torch.zeros_like(y) if dy is None else dy
+    ops = softmax_ops(y)
+    delta = None
+    if dlse is not None:
+        # d lse / dx = y, so a gradient on lse enters as dx += y * dlse: fold it into delta.
+        delta = ops.row_dot(y, dy)
+        delta = delta - dlse.reshape(-1).to(delta.dtype)
+    return ops.softmax_bwd(y, dy, delta)
+
+
 class SoftmaxFunction(torch.autograd.Function):
     """(x, dim, with_lse) -> (y, lse, or None without with_lse); backward dx = y * (dy - rowsum(dy * y) + dlse)."""
 
@@ -112,15 +138,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @once_differentiable("softmax")
     def backward(ctx, dy, dlse):
         (y_out,) = ctx.saved_tensors
-        y = to_rows(y_out, ctx.dim)
-        dy_rows = to_rows(dy, ctx.dim) if dy is not None else torch.zeros_like(y)
-        ops = softmax_ops(y)
-        delta = None
-        if dlse is not None:
-            # d lse / dx = y, so a gradient on lse enters as dx += y * dlse: fold it into delta.
-            delta = ops.row_dot(y, dy_rows)
-            delta = delta - dlse.reshape(-1).to(delta.dtype)
-        dx = ops.softmax_bwd(y, dy_rows, delta)
+        dx = softmax_rows_backward(to_rows(y_out, ctx.dim), None if dy is None else to_rows(dy, ctx.dim), dlse)
         return from_rows(dx, y_out.shape, ctx.dim), None, None
 
 
@@ -146,7 +164,56 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def _softmax(x: torch.Tensor, dim: int, with_lse: bool):
     """Through autograd where x needs a gradient, else straight to the rows (autograd.Function costs
-    the host ~7 us per call even when nothing is recorded)."""
-    if torch.is_grad_enabled() and x.requires_grad:
+    the host ~7 us per call even when nothing is recorded). Under torch.compile straight to the rows
+    too: their custom op carries its own autograd formula."""
+    if torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling():
         return SoftmaxFunction.apply(x, dim, with_lse)
     return softmax_rows(x, dim, with_lse)
+
+
+# torch.compile: dynamo sees the rows' forward and backward as two opaque custom ops (their fakes
+# give the outputs' shapes), not the kernels' launch code, which reads data pointers, memoizes plans
+# and launches Triton / Gluon kernels that dynamo cannot trace (it failed or broke the graph there).
+# Eager calls do not take them (the dispatcher would cost the host a few microseconds per call).
+
+@torch.library.custom_op("ringsoftmax::softmax_rows", mutates_args=(),
+                         schema="(Tensor rows, bool with_lse) -> (Tensor, Tensor)")
+def softmax_rows_op(rows: torch.Tensor, with_lse: bool):
+    """(M, N) rows -> (y (M, N) contiguous in rows' dtype, lse (M,) float32 (float64 for float64
+    rows), or an empty (0,) tensor without ``with_lse``)."""
+    rows = unit_columns(rows)
+    y, lse = softmax_ops(rows).softmax_fwd(rows, with_lse)
+    return y.contiguous(), lse if with_lse else rows.new_empty(0, dtype=accum_dtype(rows.dtype))
+
+
+@softmax_rows_op.register_fake
+def _softmax_rows_fake(rows, with_lse):
+    m, n = rows.shape
+    return rows.new_empty((m, n)), rows.new_empty((m if with_lse else 0,), dtype=accum_dtype(rows.dtype))
+
+
+@torch.library.custom_op("ringsoftmax::softmax_rows_backward", mutates_args=(),
+                         schema="(Tensor y, Tensor? dy, Tensor? dlse) -> Tensor")
+def softmax_rows_backward_op(y: torch.Tensor, dy, dlse):
+    """``softmax_rows_backward`` as an op: dx (M, N) contiguous. It has no gradient of its own, so a
+    second differentiation raises."""
+    dy = None if dy is None else unit_columns(dy)
+    return softmax_rows_backward(unit_columns(y), dy, dlse).contiguous()
+
+
+@softmax_rows_backward_op.register_fake
+def _softmax_rows_backward_fake(y, dy, dlse):
+    return y.new_empty(y.shape, dtype=(y if dy is None else dy).dtype)
+
+
+def _softmax_rows_setup(ctx, inputs, output):
+    ctx.with_lse = inputs[1]
+    ctx.save_for_backward(output[0])
+
+
+def _softmax_rows_grad(ctx, dy, dlse):
+    (y,) = ctx.saved_tensors
+    return softmax_rows_backward_op(y, dy, dlse if ctx.with_lse else None), None
+
+
+softmax_rows_op.register_autograd(_softmax_rows_grad, setup_context=_softmax_rows_setup)
