@@ -157,10 +157,11 @@ def test_ring_runs_eagerly_inside_compiled(backend):
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_compiled_on_gpu(mode):
     """Inductor around the kernels (and CUDA graphs with reduce-overhead): the same values as eager calls, at
-    a rows-kernel size, a split-row size and an attention block."""
+    a rows-kernel size, split-row sizes (the last past what the staged kernel holds) and an attention block."""
     torch._dynamo.reset()
     dev = "cuda"
-    for shape, dtype in (((64, 1000), torch.bfloat16), ((3, 300007), torch.float32), ((2, 1048583), torch.bfloat16)):
+    for shape, dtype in (((64, 1000), torch.bfloat16), ((3, 300007), torch.float32), ((2, 1048583), torch.bfloat16),
+                         ((4, 8 << 20), torch.float32)):     # (past the staged kernel: held columns when captured)
         x, gy, glse = _softmax_inputs(shape, -1, dtype, dev)
         fn = lambda t: rs.softmax_with_lse(t * 1.5, -1)                  # noqa: E731
         cf = torch.compile(fn, fullgraph=True, mode=mode)

@@ -1262,6 +1262,58 @@ def test_held_width_cpu(monkeypatch):
     monkeypatch.setattr(H, "HELD_MIN_BYTES", H.traffic("fwd", rows, rows, rows, held))
     assert H.held_width("fwd", rows, rows, rows, config) == held
     assert H.held_width("fwd", rows[:1], rows[:1], rows[:1], config) == 0
+    # while a CUDA graph is captured: no byte minimum, HELD_MIN_ROWS_CAPTURED rows instead
+    monkeypatch.setattr(H, "HELD_MIN_BYTES", float("inf"))
+    monkeypatch.setattr(H, "HELD_MIN_ROWS_CAPTURED", 2)
+    assert H.held_width("fwd", rows, rows, rows, config) == 0
+    assert H.held_width("fwd", rows, rows, rows, config, captured=True) == held
+    assert H.held_width("fwd", rows[:1], rows[:1], rows[:1], config, captured=True) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction, n", [("fwd", 8 << 20), ("bwd", (4 << 20) + 5)])
+def test_held_path_captured_in_cuda_graph_gpu(direction, n, monkeypatch):
+    """Float32 rows past the staged kernel's capacity, 4 of them: too few bytes for the held path in an eager
+    call (``HELD_MIN_BYTES``), but while a CUDA graph is captured they take it (``HELD_MIN_ROWS_CAPTURED``), and
+    the graph's replays, on new inputs copied in, give the float64 softmax."""
+    taken = []
+    held_split = H.held_split
+
+    def spy(*args):
+        taken.append(held_split(*args))
+        return taken[-1]
+    monkeypatch.setattr(H, "held_split", spy)
+    if direction == "fwd":
+        a = make_x(4, n, torch.float32, "cuda", scale=30.0)
+        b = a
+        run = lambda: F.softmax_fwd(a)                                  # noqa: E731
+    else:
+        a, b = softmax_pair(4, n, torch.float32, "cuda")
+        run = lambda: (B.softmax_bwd(a, b), None)                       # noqa: E731
+    assert H.traffic(direction, a, b, a, 0) < H.HELD_MIN_BYTES
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()                                                           # eagerly: the path without held columns
+    torch.cuda.current_stream().wait_stream(side)
+    assert taken == [False]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = run()
+    assert taken == [False, True]
+    for seed in range(2):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        if direction == "fwd":
+            a.copy_(make_x(4, n, torch.float32, "cuda", scale=30.0, gen=gen))
+        else:
+            b.copy_(torch.randn(b.shape, generator=gen, device="cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        if direction == "fwd":
+            check_fwd(a, out, lse, TOL[torch.float32])
+        else:
+            check_bwd(a, b, out, TOL[torch.float32])
+    assert F.sync_failures("cuda") == 0
 
 
 def test_occupancy_counts_reserved_shared_memory_cpu():

@@ -48,19 +48,28 @@ HELD_FILL = {"fwd": 0.9, "bwd": 1.0}
 #: (16 rows: 1.36 GB) measured 64% of copy with the host hidden and 60% (the two-pass path's
 #: figure) in a full bench where it was not.
 HELD_MIN_BYTES = 1.6e9
+#: While the stream captures a CUDA graph the host's cost is paid once, at capture, so
+#: ``HELD_MIN_BYTES`` does not apply there; the rows must number at least this many instead. H100,
+#: graph replays against the path without held columns (session 47, calls 3 and 5; forward float32 8M-16M
+#: and bf16 16M-32M, backward float32 4M-8M and bf16 8M-16M): 1 row 0.86-0.95x, 2 rows 1.01-1.09x, 3 rows
+#: 1.04-1.19x, 4 rows 1.05-1.26x, 16 rows 1.09-1.36x. (Eager calls of these sizes ran at the host's pace,
+#: which varied call to call on that machine: ``HELD_MIN_BYTES``.)
+HELD_MIN_ROWS_CAPTURED = 2
 
 
-def held_width(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config) -> int:
+def held_width(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
+               captured: bool = False) -> int:
     """Where ``held_split`` cuts (M, N) rows a, b (out) under the staged ``config``: the held columns,
     a multiple of its chunk, or 0 where the path does not apply (whole rows fit, or the held share
-    is under ``HELD_MIN_SHARE``, or that is None, or the call moves under ``HELD_MIN_BYTES``)."""
-    n, chunk = a.shape[1], config[0]
+    is under ``HELD_MIN_SHARE``, or that is None, or the call moves under ``HELD_MIN_BYTES``; where
+    ``captured``, into a CUDA graph, fewer than ``HELD_MIN_ROWS_CAPTURED`` rows instead)."""
+    (m, n), chunk = a.shape, config[0]
     share = HELD_MIN_SHARE[direction, F.element_size(a, b)]
     if share is None:
         return 0
     fits = S.held_columns(direction, a, b, out, config)
     held = int(HELD_FILL[direction] * fits / chunk) * chunk
-    big = traffic(direction, a, b, out, held) >= HELD_MIN_BYTES
+    big = m >= HELD_MIN_ROWS_CAPTURED if captured else traffic(direction, a, b, out, held) >= HELD_MIN_BYTES
     return held if fits < n and share * n <= held and big else 0
 
 
@@ -72,12 +81,12 @@ def traffic(direction: str, a, b, out, held: int) -> int:
     return m * (n * (inputs + out.element_size()) + (n - held) * inputs)
 
 
-def _plan(direction: str, a, b, out) -> tuple:
+def _plan(direction: str, a, b, out, captured: bool) -> tuple:
     """(config, held columns) of ``held_split`` on these rows: the table's config for the whole
     rows (its deepest ring, or its spill fallback: ``softmax_staged.held_config``) and ``held_width``
     under it."""
     config = S.held_config(direction, a, b, out)
-    return config, held_width(direction, a, b, out, config)
+    return config, held_width(direction, a, b, out, config, captured)
 
 
 def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, lse=None) -> bool:
@@ -91,9 +100,10 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     m, n = a.shape
     if HELD_MIN_SHARE[direction, F.element_size(a, b)] is None or not S.available(a, b, out):
         return False  # (checked first: the forward's long rows come here on every call)
+    captured = a.is_cuda and torch.cuda.is_current_stream_capturing()  # (its host cost paid once)
     config, held = S.memo("held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items()),
-                                                  HELD_MIN_BYTES),
-                          lambda: _plan(direction, a, b, out))
+                                                  HELD_MIN_BYTES, HELD_MIN_ROWS_CAPTURED, captured),
+                          lambda: _plan(direction, a, b, out, captured))
     if not held:
         return False
     streamed = (t[:, held:] for t in (a, b, out))
