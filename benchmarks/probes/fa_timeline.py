@@ -76,8 +76,8 @@ def traced_source(src: str, events: str = "012") -> str:
 ''', '''                                                           lim0 - j * BLOCK_N, cols, TREES)
 ''' + at(3, "l_i") + '''                        o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
 ''' + at(4))
-    src = edit(src, '''        part_o = part_ml = counts = _no_counts(q.device)
-''', '''        part_o = part_ml = counts = _no_counts(q.device)
+    src = edit(src, '''        part_o = part_ml = counts = no_int32s(q.device)   # (not split: never read)
+''', '''        part_o = part_ml = counts = no_int32s(q.device)   # (not split: never read)
         if TRACE is not None:
             part_ml = TRACE
 ''')

@@ -23,5 +23,6 @@ Files and launchers:
 - ``attention_config.py``: the per-device table of tiles and modes the attention launchers read.
 - ``attention_bwd.py``: ``attention_bwd(q, k, v, out, dout, lse, delta, ...) -> (dq, dk, dv)``.
 - ``merge.py``: ``merge_(acc_out, acc_lse, out_b, lse_b)``, the fused in-place LSE merge.
+- ``kept_tensors.py``: the small tensors launchers keep per device, made outside CUDA graph pools.
 - ``compile_options.py``: the Triton compile options every launch passes (FMA contraction on).
 """

@@ -29,6 +29,7 @@ from . import attention_config as config
 from . import attention_fwd_gluon as gluon_fwd
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import LOG2E, cdiv, check_scale, next_power_of_2
+from .kept_tensors import no_int32s
 
 LN2 = 0.6931471805599453
 
@@ -329,13 +330,8 @@ class _Problem:
     def cu_args(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self.varlen:
             return self.cu_q, self.cu_k
-        dummy = _DUMMY_CU.get(device)
-        if dummy is None:   # one per device: the kernels never read it when not packed
-            dummy = _DUMMY_CU[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        dummy = no_int32s(device)   # (the kernels never read it when not packed)
         return dummy, dummy
-
-
-_DUMMY_CU: dict[torch.device, torch.Tensor] = {}
 
 
 def unit_last_stride(x: torch.Tensor) -> torch.Tensor:

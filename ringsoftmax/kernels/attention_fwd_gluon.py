@@ -60,6 +60,7 @@ from .compile_options import COMPILE_OPTIONS
 from .gluon_compat import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load,
                            tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from .hostmath import cdiv
+from .kept_tensors import no_int32s
 
 
 if gluon is not None:
@@ -623,12 +624,6 @@ def launch_tile(q: torch.Tensor, k: torch.Tensor, causal: bool, given=(None,) * 
     return tile, programs
 
 
-@functools.lru_cache(maxsize=None)
-def _no_counts(device: torch.device) -> torch.Tensor:
-    """PartO, PartML and Counts of launches that are not split (never read; int32 says so)."""
-    return torch.zeros(1, dtype=torch.int32, device=device)
-
-
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
            qk_scale: float, causal: bool, delta: int = 0, block_m: int | None = None, block_n: int | None = None,
            stages: int | None = None, consumer_regs: int | None = None, producer_regs: int | None = None,
@@ -653,7 +648,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         part_ml = torch.empty((programs, 2, 2, tile[0]), dtype=torch.float32, device=q.device)
         counts = torch.zeros(programs * tile[0] // 64, dtype=torch.int32, device=q.device)
     else:
-        part_o = part_ml = counts = _no_counts(q.device)
+        part_o = part_ml = counts = no_int32s(q.device)   # (not split: never read)
     grid = (programs or grid_size(q, causal, persistent, tile[0]),)
     _gl_attn_fwd_ws_kernel[grid](q, k, v, out, lse, part_o, part_ml, counts, Sq, Sk, B, H, H // Hkv,
                                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

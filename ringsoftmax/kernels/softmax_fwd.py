@@ -40,6 +40,7 @@ import triton.language as tl
 
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2, prev_power_of_2
+from .kept_tensors import kept
 
 # ---- Regime knobs (module level so tests can lower them and reach the split paths at small N) ----
 # Values from timings on an H200 (benchmarks/logs/2026-11-22-h200-softmax-call*.log, .notes/softmax.md).
@@ -829,19 +830,12 @@ def use_persistent(t: torch.Tensor, row_bytes: int, max_row_bytes, elem: int) ->
     return limit is None or row_bytes <= limit
 
 
-_ERR = {}
 _OCCUPANCY = {}  # build key -> (resident programs, local bytes a thread): ``_build_stats``
 
 
-def error_counter(device: torch.device) -> torch.Tensor:
+def error_counter(device) -> torch.Tensor:
     """The device's int32 counter of persistent-grid waits that timed out (should stay 0)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    key = str(device)
-    if key not in _ERR:
-        _ERR[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _ERR[key]
+    return kept("error_counter", device, lambda d: torch.zeros(1, dtype=torch.int32, device=d))
 
 
 def sync_failures(device) -> int:
