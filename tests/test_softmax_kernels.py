@@ -1106,7 +1106,7 @@ def test_staged_spill_fallbacks_cpu(monkeypatch):
 
 def test_staged_plan_memo_cpu(monkeypatch):
     """A launch plan is built once per layout and knob setting: again for another shape, stride,
-    dtype or 16-byte alignment of the rows, or after a knob the plans read has changed."""
+    dtype or 16-byte alignment of the rows, or after a knob the plans read has changed (in place too)."""
     monkeypatch.setattr(S, "_PLANS", {})
     builds = []
 
@@ -1128,11 +1128,13 @@ def test_staged_plan_memo_cpu(monkeypatch):
     table = {k: list(v) for k, v in S.STAGED_CONFIG.items()}
     table["fwd", 4][-1] = (table["fwd", 4][-1][0], (4096, 4, 3, 1, 1, False))
     monkeypatch.setattr(S, "STAGED_CONFIG", table)
-    assert plan(base) == 9
+    assert plan(base) == 9 and plan(base) == 9
+    table["fwd", 4][-1] = (table["fwd", 4][-1][0], (4096, 4, 3, 1, 2, False))   # in place
+    assert plan(base) == 10 and plan(base) == 10
     monkeypatch.setattr(S, "MEMO_SIZE", 2)
     plan(base, extra="z")
-    assert len(S._PLANS) == 1 and plan(base, extra="z") == 10  # full: started again
-    assert plan(base, extra="z") == 10
+    assert len(S._PLANS) == 1 and plan(base, extra="z") == 11  # full: started again
+    assert plan(base, extra="z") == 11
 
 
 @pytest.mark.gpu

@@ -57,6 +57,7 @@ outputs contiguous in the input dtype (dy.dtype backward); lse (M,) float32; mat
 """
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -1761,22 +1762,27 @@ def memo(name: str, tensors, extra, build):
     """``build()``, memoized by ``name``, ``extra``, every knob of this module the launch plans read,
     and the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
-    and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans."""
-    knobs = (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, LATE_CLAIM,
-             FOLD_DIVISION_16BIT, FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS,
-             tuple(TMA_ONLY_CONFIGS.items()), SLOT_SLACK,
-             tuple(REGISTER_CAPS.items()), tuple(SHIFTED_REGISTER_CAPS.items()), tuple(SPILL_FALLBACKS.items()),
-             tuple(MERGE_PARTITIONS.items()),
-             MERGE_REGS, tuple((k, tuple(v)) for k, v in STAGED_CONFIG_SHIFTED.items()), tuple(SUB_TILE_COST.items()),
-             tuple(CLAIM_MAX_ROW_SHARE.items()),
-             tuple((k, tuple(v)) for k, v in STAGED_CONFIG.items()))
-    key = (name, extra, knobs) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
-    plan = _PLANS.get(key, _PLANS)
-    if plan is _PLANS:
+    and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans.
+
+    The knobs are not part of the key: a plan keeps a deep copy of the knobs it was built under, and a
+    hit compares them with the current ones (C-level equality, ~1 us here, where building them into a
+    hashable key cost ~11 us a call, three calls per long row); a change, in place too, builds it again."""
+    knobs = _plan_knobs()
+    key = (name, extra) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
+    entry = _PLANS.get(key)
+    if entry is None or entry[0] != knobs:
         if len(_PLANS) >= MEMO_SIZE:
             _PLANS.clear()
-        plan = _PLANS[key] = build()
-    return plan
+        entry = _PLANS[key] = (copy.deepcopy(knobs), build())
+    return entry[1]
+
+
+def _plan_knobs() -> tuple:
+    """The module knobs (and ``softmax_fwd``'s) that launch plans read, as they are now (references)."""
+    return (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, LATE_CLAIM, FOLD_DIVISION_16BIT,
+            FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_CONFIGS, SLOT_SLACK, REGISTER_CAPS,
+            SHIFTED_REGISTER_CAPS, SPILL_FALLBACKS, MERGE_PARTITIONS, MERGE_REGS, STAGED_CONFIG_SHIFTED,
+            SUB_TILE_COST, CLAIM_MAX_ROW_SHARE, STAGED_CONFIG)
 
 
 _PLANS: dict = {}
