@@ -160,9 +160,10 @@ def test_compiled_on_gpu(mode, monkeypatch):
     first past what the staged kernel holds) and an attention block. reduce-overhead (CUDA graph trees): three
     calls (warm-up, recording, replay), with the kernels' kept tensors made anew inside the warm-up, where the
     graphs' pool takes every allocation of this thread (``kept_tensors``); the first rows take another path in the
-    warm-up than in the recording (``softmax_held.HELD_MIN_ROWS_CAPTURED``)."""
-    from ringsoftmax.kernels import kept_tensors
-    monkeypatch.setattr(kept_tensors, "_KEPT", {})
+    warm-up than in the recording (``softmax_held.HELD_MIN_ROWS_CAPTURED``), whose plans the warm-up makes."""
+    from ringsoftmax.kernels import kept_tensors, softmax_staged
+    monkeypatch.setattr(kept_tensors, "_KEPT", {})        # as in a fresh process: no kept tensor yet,
+    monkeypatch.setattr(softmax_staged, "_PLANS", {})     # and no plan (planning a launch makes them)
     torch._dynamo.reset()
     dev, calls = "cuda", 3 if mode else 2
     # (first: rows past what the staged kernel holds, which take held columns only while captured)
