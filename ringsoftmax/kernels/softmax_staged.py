@@ -1765,8 +1765,8 @@ def memo(name: str, tensors, extra, build):
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans.
 
     The knobs are not part of the key: a plan keeps a deep copy of the knobs it was built under, and a
-    hit compares them with the current ones (C-level equality, ~1 us here, where building them into a
-    hashable key cost ~11 us a call, three calls per long row); a change, in place too, builds it again."""
+    hit compares them with the current ones; a change, in place too, builds it again. (A hit costs 3.1 us
+    on the CI machine; hashing the knobs into the key cost 10.9, and a long row's call makes three.)"""
     knobs = _plan_knobs()
     key = (name, extra) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
     entry = _PLANS.get(key)
