@@ -159,6 +159,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, causal: bool = Fa
         q: (total_q, heads, head_dim); k, v: (total_k, kv_heads, head_dim); head_dim as in ``attention``.
         cu_seqlens_q: int32 (nseq + 1,) cumulative sequence starts of q, from 0 to total_q;
             cu_seqlens_k likewise for k/v (default: cu_seqlens_q, which needs total_k == total_q).
+            Their values are read on the host: on the CPU that costs nothing, on a GPU each call waits
+            for the GPU's queue to drain (keep them on the CPU in a loop over layers).
             Tokens of different sequences never attend to each other; ``causal`` (a bool) counts
             positions from 0 within each sequence. ``softmax_scale`` as in ``attention``.
     Returns:
@@ -175,10 +177,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, causal: bool = Fa
     if len(lens_q) != len(lens_k):
         raise ValueError(f"attention_varlen: cu_seqlens_q has {len(lens_q)} sequences, cu_seqlens_k {len(lens_k)}")
     block = dict(softmax_scale=default_scale(q, softmax_scale), causal=causal,
-                 cu_seqlens_q=cu_seqlens_q.to(device=q.device, dtype=torch.int32),
-                 cu_seqlens_k=cu_k.to(device=q.device, dtype=torch.int32),
+                 cu_seqlens_q=_cu_on(cu_seqlens_q, q.device), cu_seqlens_k=_cu_on(cu_k, q.device),
                  max_seqlen_q=max(lens_q, default=0), max_seqlen_k=max(lens_k, default=0))
     return _attention_block(q, k, v, block)
+
+
+def _cu_on(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``cu`` as int32 on ``device``. From the CPU to a GPU without waiting for the GPU's queue (a copy
+    from pageable memory would wait): through a pinned buffer of this call's own, so that the caller
+    may change ``cu`` before the copy runs (torch's host allocator reuses the buffer only after it)."""
+    if cu.device.type == "cpu" and device.type == "cuda":
+        staged = torch.empty(cu.shape, dtype=torch.int32, pin_memory=True).copy_(cu)
+        return staged.to(device, non_blocking=True)
+    return cu.to(device=device, dtype=torch.int32)
 
 
 def _check_cu_seqlens(cu, t, name):

@@ -1,5 +1,7 @@
-"""Single-device softmax and attention (the torch reference path) against float64, with gradients."""
+"""Single-device softmax and attention (the torch reference path) against float64, with gradients; on a GPU,
+that a varlen call with its lengths on the CPU does not wait for the GPU."""
 import math
+import time
 
 import pytest
 import torch
@@ -111,6 +113,25 @@ def test_attention_varlen_matches_each_sequence():
         assert_close("out", out[sl], want[0], 1e-12)
         assert_close("lse", lse[:, sl], want_lse[0], 1e-12)
         start += n
+
+
+@pytest.mark.gpu
+def test_attention_varlen_lengths_on_the_cpu_do_not_wait_gpu():
+    """cu_seqlens on the CPU (int64 here): the call queues its work behind a 200 ms GPU sleep without waiting for
+    it, the caller may change them right after the call, and the output equals the call with them on the GPU."""
+    torch.manual_seed(5)
+    cu = torch.tensor([0, 300, 300, 1300, 1377])                              # (an empty sequence too)
+    q, k, v = (torch.randn(1377, h, 64, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+    want, want_lse = rs.attention_varlen(q, k, v, cu.cuda(), causal=True)   # (also compiles the kernels)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(0.2 * torch.cuda.get_device_properties(0).clock_rate * 1e3))
+    start = time.perf_counter()
+    out, lse = rs.attention_varlen(q, k, v, cu, causal=True)
+    host = time.perf_counter() - start
+    cu[1:] = 0
+    torch.cuda.synchronize()
+    assert host < 0.1, f"the call took {host * 1e3:.1f} ms of host time: it waited for the GPU's 200 ms sleep"
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
 def test_attention_varlen_gradcheck():
