@@ -1131,10 +1131,12 @@ def test_staged_plan_memo_cpu(monkeypatch):
     assert plan(base) == 9 and plan(base) == 9
     table["fwd", 4][-1] = (table["fwd", 4][-1][0], (4096, 4, 3, 1, 2, False))   # in place
     assert plan(base) == 10 and plan(base) == 10
+    monkeypatch.setattr(S, "STAGED_CONFIG_WHOLE", {**S.STAGED_CONFIG_WHOLE, ("bwd", 4): [(1, None)]})
+    assert plan(base) == 11
     monkeypatch.setattr(S, "MEMO_SIZE", 2)
     plan(base, extra="z")
-    assert len(S._PLANS) == 1 and plan(base, extra="z") == 11  # full: started again
-    assert plan(base, extra="z") == 11
+    assert len(S._PLANS) == 1 and plan(base, extra="z") == 12  # full: started again
+    assert plan(base, extra="z") == 12
 
 
 @pytest.mark.gpu

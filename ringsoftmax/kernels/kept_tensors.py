@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 _KEPT: dict[tuple[str, str], torch.Tensor] = {}
+_MAKING = threading.Lock()
 
 
 def kept(name: str, device, make: Callable[[torch.device], torch.Tensor]) -> torch.Tensor:
@@ -32,7 +33,10 @@ def kept(name: str, device, make: Callable[[torch.device], torch.Tensor]) -> tor
     key = (name, str(device))
     tensor = _KEPT.get(key)
     if tensor is None:
-        tensor = _KEPT[key] = _make_outside_pools(make, device)
+        with _MAKING:   # (threads that call first together get one tensor: a second counter would go unread)
+            tensor = _KEPT.get(key)
+            if tensor is None:
+                tensor = _KEPT[key] = _make_outside_pools(make, device)
     return tensor
 
 
