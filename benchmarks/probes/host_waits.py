@@ -1,12 +1,13 @@
 """Probe: does a public call wait for the GPU? Each call (forward, and forward + backward) is queued behind
-~50 ms of GPU sleep after a warm-up; its host time says whether it waited (a host read of a GPU tensor, a copy
-from pageable memory, a synchronize). Host times under a few ms: queued without waiting.
+400 ms of GPU sleep after a warm-up (``softmax_host.host_us`` with one call); its host time says whether it
+waited (a host read of a GPU tensor, a copy from pageable memory, a synchronize). Host times under a few ms:
+queued without waiting; ~400 ms: it waited. attention_varlen runs twice, with cu_seqlens on the GPU (the host
+reads them there: it waits) and on the CPU.
 
 Run on a GPU:  python3 benchmarks/probes/host_waits.py
 """
-import time
-
 import torch
+from softmax_host import host_us  # same folder
 
 import ringsoftmax as rs
 
@@ -15,13 +16,7 @@ DEV = "cuda"
 
 def host_ms(fn) -> float:
     fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(50e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3))
-    start = time.perf_counter()
-    fn()
-    host = (time.perf_counter() - start) * 1e3
-    torch.cuda.synchronize()
-    return host
+    return host_us(fn, calls=1) / 1e3
 
 
 def with_backward(fn, *inputs):
@@ -46,14 +41,16 @@ def cases():
         with_backward(lambda a, b, c: rs.attention(a, b, c, causal=True), q, k, v)
     cu = torch.tensor([0, 300, 300, 900, 1024])
     qp, kp, vp = (t[0].detach().requires_grad_() for t in (q, k, v))
-    yield "attention_varlen, cu_seqlens on the CPU", lambda: rs.attention_varlen(qp, kp, vp, cu, causal=True), \
-        with_backward(lambda a, b, c: rs.attention_varlen(a, b, c, cu, causal=True), qp, kp, vp)
+    for where, c in (("GPU", cu.to(DEV)), ("CPU", cu)):
+        yield f"attention_varlen, cu_seqlens on the {where}", \
+            lambda c=c: rs.attention_varlen(qp, kp, vp, c, causal=True), \
+            with_backward(lambda a, b, e, c=c: rs.attention_varlen(a, b, e, c, causal=True), qp, kp, vp)
     o, l = (t.detach() for t in rs.attention(q, k, v))
     yield "merge", lambda: rs.merge(o, l, o, l), None
 
 
 def main():
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; host ms of a call queued behind ~50 ms of GPU sleep")
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; host ms of a call queued behind 400 ms of GPU sleep")
     print("call | forward | forward + backward")
     for name, fwd, both in cases():
         cells = [f"{host_ms(f):.2f}" if f is not None else "-" for f in (fwd, both)]
