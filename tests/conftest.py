@@ -19,3 +19,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Every cached kernel launch in the tests is checked against Triton's own lookup (GPU runs; under the
+# interpreter nothing is cached). Imported after TRITON_INTERPRET is set above.
+from ringsoftmax.kernels import launcher  # noqa: E402
+
+launcher.VERIFY = True

@@ -4,8 +4,8 @@ A call on a small tensor costs what the host takes to queue it: on an H200's mac
 attention block calls took 86-154 us and a torch op 12 us (``host_overhead.py``). This prints host
 microseconds per call (the GPU kept busy behind a long sleep, so nothing waits on it) for torch's
 softmax, the library's calls at each layer (public function, kernel launcher, the Triton launch
-alone, the compiled kernel launched without Triton's binder), the pieces a call is made of, and the
-hottest functions of the public calls under cProfile.
+alone, the compiled kernel launched without Triton's binder, the library's launch cache on and off),
+the pieces a call is made of, and the hottest functions of the public calls under cProfile.
 
 Run on a GPU:  PYTHONPATH=$PWD:$PWD/benchmarks/probes python3 benchmarks/probes/launch_cost.py [--rows 64]
                    [--cols 1024] [--profile]
@@ -22,6 +22,7 @@ from host_overhead import hottest_functions  # same folder
 
 import ringsoftmax as rs
 from ringsoftmax.kernels import softmax_bwd as B
+from ringsoftmax.kernels import launcher
 from ringsoftmax.kernels import softmax_fwd as F
 
 
@@ -53,7 +54,8 @@ def rows_launch_args(x, y, lse):
     tile = F.rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0)), F.ROWS_LOAD_EVICT, align, tail_n,
                             edges)
     args = (x, y, lse, lse, lse, m, n, x.stride(0), y.stride(0), block_m, block_n, True, True,
-            tile["EVEN"], tile["OFFS64"], tile["LOAD_EVICT"], tile["ALIGN"], tile["EDGES"], tile["TAIL_N"])
+            tile["EVEN"], tile["OFFS64"], tile["LOAD_EVICT"], tile["ALIGN"], tile["EDGES"], tile["TAIL_N"],
+            F.ROWS_EXP[0], F.ROWS_EXP[1])
     return (triton.cdiv(m, block_m), 1, 1), args, warps
 
 
@@ -71,7 +73,7 @@ def main():
     grid, args, warps = rows_launch_args(x, y, lse)
     kernel = F._softmax_rows_kernel
     jit_kwargs = dict(zip(("BLOCK_M", "BLOCK_N", "STORE_Y", "STORE_LSE", "EVEN", "OFFS64", "LOAD_EVICT", "ALIGN",
-                           "EDGES", "TAIL_N"), args[9:]))
+                           "EDGES", "TAIL_N", "FTZ", "FMA"), args[9:]))
     compiled = kernel[grid](*args[:9], **jit_kwargs, num_warps=warps)
     stream = torch.cuda.current_stream().cuda_stream
     empty = _empty_kernel[(1,)](x)
@@ -80,6 +82,16 @@ def main():
 
     def raw(c, g, a_):
         c.run(g[0], 1, 1, stream, c.function, c.packed_metadata, None, None, None, *a_)
+
+    def uncached(fn):
+        """fn with every launch through Triton (the launch cache off)."""
+        def call():
+            launcher.ENABLED = False
+            try:
+                fn()
+            finally:
+                launcher.ENABLED = True
+        return call
 
     def fwd_bwd(fn):
         def step():
@@ -91,10 +103,13 @@ def main():
         "torch.softmax": lambda: torch.softmax(x, -1),
         "torch.compile softmax": lambda: compiled_softmax(x),
         "rs.softmax": lambda: rs.softmax(x),
+        "rs.softmax, launch cache off": uncached(lambda: rs.softmax(x)),
         "rs.softmax_with_lse": lambda: rs.softmax_with_lse(x),
         "kernels softmax_fwd (launcher)": lambda: F.softmax_fwd(x),
         "kernels softmax_bwd (launcher)": lambda: B.softmax_bwd(y, dy),
         "rows kernel: Triton launch": lambda: kernel[grid](*args[:9], **jit_kwargs, num_warps=warps),
+        "rows kernel: launcher.launch_kernel": lambda: launcher.launch_kernel(kernel, grid, *args[:9], **jit_kwargs,
+                                                                              num_warps=warps),
         "rows kernel: compiled[grid](...)": lambda: compiled[grid](*args),
         "rows kernel: compiled.run (no binder)": lambda: raw(compiled, grid, args),
         "empty kernel: Triton launch": lambda: _empty_kernel[(1,)](x),
@@ -106,6 +121,7 @@ def main():
         "F.rows_config + rows_tile_args": lambda: rows_launch_args(x, y, lse),
         "fwd+bwd torch.softmax": fwd_bwd(lambda t: torch.softmax(t, -1)),
         "fwd+bwd rs.softmax": fwd_bwd(rs.softmax),
+        "fwd+bwd rs.softmax, launch cache off": uncached(fwd_bwd(rs.softmax)),
     }
     y_ref = y.clone()
     y.fill_(float("nan"))

@@ -16,6 +16,7 @@ held path's staged launch alone), this prints, per process:
 Run on a GPU:  python3 benchmarks/probes/softmax_host.py [--cases fwd:bf16:16777216,...] [--reps 40]
                [--profile]    (the hottest host functions of each library call, under cProfile)
                [--breakdown]  (host us of each step of the held path, one at a time)
+               [--launcher both]  (each call with the library's launch cache off, then on, in turn)
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from host_overhead import hottest_functions  # same folder
 from softmax_held import parts
 from softmax_staged import DTYPES, bench
 
+from ringsoftmax.kernels import launcher
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 from ringsoftmax.kernels import softmax_held as H
@@ -147,6 +149,8 @@ def main():
     ap.add_argument("--held", default="on", help="on: the held path on for every key; library: as shipped")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--launcher", default="on", choices=("on", "off", "both"),
+                    help="the library's launch cache (launcher.ENABLED); both: each call off then on")
     args = ap.parse_args()
     if args.held == "on":
         H.HELD_MIN_SHARE, H.HELD_MIN_BYTES = dict.fromkeys(H.HELD_MIN_SHARE, 0.0), 0
@@ -170,15 +174,19 @@ def run_case(direction: str, dname: str, n: int, args) -> None:
     held, pieces = parts(direction, a, b, H.HELD_FILL[direction])
     if held:
         calls["held, staged launch"] = pieces["held, staged"][0]
-    for name, fn in calls.items():
+    modes = {"on": (True,), "off": (False,), "both": (False, True)}[args.launcher]
+    for (name, fn), enabled in ((c, e) for c in calls.items() for e in modes):
+        launcher.ENABLED = enabled
+        label = name + ("" if args.launcher != "both" else ", cached launches" if enabled else ", Triton launches")
         fn()
         h = host_us(fn)
         d = bench(fn)
         q = queued_ms(fn, args.reps)
         g = graph_ms(fn, args.reps)
-        print(f"{direction} | {dname} | {n} | {name} | {h:.0f} | {d:.3f} | {q:.3f} | {g} | {d / q:.2f}", flush=True)
+        print(f"{direction} | {dname} | {n} | {label} | {h:.0f} | {d:.3f} | {q:.3f} | {g} | {d / q:.2f}", flush=True)
         if args.profile and name == "library":
             print(hottest_functions(fn, 30, 12), flush=True)
+    launcher.ENABLED = True
     if args.breakdown and held:
         for name, us in breakdown(direction, a, b).items():
             print(f"  host step | {direction} | {dname} | {n} | {name} | {us:.1f} us", flush=True)

@@ -39,6 +39,7 @@ from .attention_fwd import (LOG2E, _key_ranges, _load_rows, _query_tile, _seq_bo
                             descriptor_scratch, dot_precision, launch, launch_split, tma_ready, unit_last_stride)
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2
+from .launcher import launch_kernel
 
 
 # ----------------------------------------------------------------------------- delta = rowsum(dout * out)
@@ -76,7 +77,7 @@ def attention_delta(out, dout):
     if delta.numel():
         d_pad = max(16, next_power_of_2(D))
         block_s = max(1, min(128, 8192 // d_pad))
-        _delta_kernel[(cdiv(S, block_s), B * H)](
+        launch_kernel(_delta_kernel, (cdiv(S, block_s), B * H),
             o4, do4, delta, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
             *delta.stride(), S, H, HEAD_DIM=D, D_PAD=d_pad, BLOCK_S=block_s, num_warps=4, **COMPILE_OPTIONS)
     return delta[0] if packed else delta

@@ -37,6 +37,7 @@ from .compile_options import COMPILE_OPTIONS
 from .gluon_compat import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load, warpgroup_mma,
                            warpgroup_mma_wait)
 from .hostmath import cdiv
+from .launcher import launch_kernel
 
 if gluon is not None:
     from .attention_fwd_gluon import _issue_tile, _tile_view, _wgmma_layout
@@ -288,10 +289,10 @@ def launch(q, k, v, dout, lse, delta, dk, dv, *, qk_scale: float, softmax_scale:
     block_m, stages, regs = config or CONFIG[D]
     (lse, row), (delta, _) = tma_rows(lse), tma_rows(delta)
     grid = (cdiv(Sk, BLOCK_N), B * Hkv)
-    _gl_attn_bwd_dkdv_kernel[grid](q, k, v, dout, lse, delta, dk, dv, Sq, Sk, row, B, H, H // Hkv,
-                                   q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                                   v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1),
-                                   dout.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0),
-                                   dv.stride(1), dv.stride(2), qk_scale, softmax_scale, int(delta_pos),
-                                   HEAD_DIM=D, BLOCK_M=block_m, STAGES=stages, CAUSAL=bool(causal),
-                                   ACCUMULATE=bool(accumulate), CONSUMER_REGS=regs, num_warps=4, **COMPILE_OPTIONS)
+    launch_kernel(_gl_attn_bwd_dkdv_kernel, grid, q, k, v, dout, lse, delta, dk, dv, Sq, Sk, row, B, H, H // Hkv,
+                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                  v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1),
+                  dout.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0),
+                  dv.stride(1), dv.stride(2), qk_scale, softmax_scale, int(delta_pos),
+                  HEAD_DIM=D, BLOCK_M=block_m, STAGES=stages, CAUSAL=bool(causal),
+                  ACCUMULATE=bool(accumulate), CONSUMER_REGS=regs, num_warps=4, **COMPILE_OPTIONS)

@@ -29,6 +29,7 @@ from . import attention_config as config
 from . import attention_fwd_gluon as gluon_fwd
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import LOG2E, cdiv, check_scale, next_power_of_2
+from .launcher import launch_kernel
 from .kept_tensors import no_int32s
 
 LN2 = 0.6931471805599453
@@ -444,8 +445,8 @@ def launch(kernel, grid, args: tuple, kwargs: dict, tile: config.Tile, key: tupl
     first = _FALLBACK_CHOICE.get(key + (tile,), tile)
     for t in (first,) + tuple(f for f in fallback if f != first):
         try:
-            kernel[grid(t)](*args, **kwargs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                            num_warps=t.num_warps, num_stages=t.num_stages, **COMPILE_OPTIONS)
+            launch_kernel(kernel, grid(t), *args, **kwargs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                          num_warps=t.num_warps, num_stages=t.num_stages, **COMPILE_OPTIONS)
         except OutOfResources:
             continue
         _FALLBACK_CHOICE[key + (tile,)] = t

@@ -61,6 +61,7 @@ from .gluon_compat import (fence_async_shared, gl, gluon, mbarrier, tma, tma_loa
                            tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from .hostmath import cdiv
 from .kept_tensors import no_int32s
+from .launcher import launch_kernel
 
 
 if gluon is not None:
@@ -650,9 +651,9 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     else:
         part_o = part_ml = counts = no_int32s(q.device)   # (not split: never read)
     grid = (programs or grid_size(q, causal, persistent, tile[0]),)
-    _gl_attn_fwd_ws_kernel[grid](q, k, v, out, lse, part_o, part_ml, counts, Sq, Sk, B, H, H // Hkv,
-                                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                                 v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                                 qk_scale, int(delta),
-                                 HEAD_DIM=D, BLOCK_M=tile[0], BLOCK_N=tile[1], STAGES=tile[2], CAUSAL=bool(causal),
-                                 CONSUMER_REGS=tile[3], PRODUCER_REGS=tile[4], num_warps=4, **COMPILE_OPTIONS)
+    launch_kernel(_gl_attn_fwd_ws_kernel, grid, q, k, v, out, lse, part_o, part_ml, counts, Sq, Sk, B, H, H // Hkv,
+                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                  v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                  qk_scale, int(delta),
+                  HEAD_DIM=D, BLOCK_M=tile[0], BLOCK_N=tile[1], STAGES=tile[2], CAUSAL=bool(causal),
+                  CONSUMER_REGS=tile[3], PRODUCER_REGS=tile[4], num_warps=4, **COMPILE_OPTIONS)

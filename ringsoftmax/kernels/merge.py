@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2
+from .launcher import launch_kernel
 
 #: Elements of head_dim handled per step, and rows (b, s, h) per program.
 BLOCK_D_MAX = 128
@@ -106,7 +107,7 @@ def merge_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out_b: torch.Tensor, ls
     block_d = min(next_power_of_2(max(d, 1)), BLOCK_D_MAX)
     block_r = max(1, min(ROWS_PER_PROGRAM_ELEMS // block_d, next_power_of_2(rows)))
     warps = max(1, min(8, block_r * block_d // 512))
-    _merge_kernel[(cdiv(rows, block_r),)](
+    launch_kernel(_merge_kernel, (cdiv(rows, block_r),),
         acc_out, acc_lse, out_b, lse_b, rows, s, h, d,
         *acc_out.stride()[:3], *acc_lse.stride(), *out_b.stride()[:3], *lse_b.stride(),
         BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **COMPILE_OPTIONS)

@@ -29,6 +29,7 @@ import triton.language as tl
 from . import softmax_fwd as fwd
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2
+from .launcher import launch_kernel
 from .softmax_fwd import (chunk_edges, chunk_has_edges, chunk_ptrs, edge_tile, load_inside, load_tile, row_arrive,
                           row_offsets, row_wait, store_tile, stream_tile, tile_masks)
 
@@ -443,7 +444,7 @@ def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:
         block_n, tail_n = block_n + tail_n, 0
     out = dx if store_dx else y
     strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
-    _bwd_rows_kernel[(cdiv(m, block_m),)](
+    launch_kernel(_bwd_rows_kernel, (cdiv(m, block_m),),
         y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
         STORE_DX=store_dx, num_warps=warps, RELOAD=reload, CHUNK=chunk, **COMPILE_OPTIONS,
         **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align, tail_n, edges))
@@ -455,13 +456,14 @@ def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
     elem, align = fwd.element_size(y, dy), fwd.row_align(y, dy) if fwd.STREAM_ALIGNED_VECTORS["bwd"] else 1
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem, align)
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
-    _partial_dot_kernel[(cdiv(m, block_m) * k,)](
+    launch_kernel(_partial_dot_kernel, (cdiv(m, block_m) * k,),
         y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, ALIGN=align,
         EDGES=fwd.row_edges(align, y, dy), num_warps=warps, **COMPILE_OPTIONS)
     delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
-    _sum_partials_kernel[(cdiv(m, cm),)](pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4, **COMPILE_OPTIONS)
+    launch_kernel(_sum_partials_kernel, (cdiv(m, cm),), pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4,
+                  **COMPILE_OPTIONS)
     return delta
 
 
@@ -469,7 +471,7 @@ def _elementwise(y, dy, dx, delta) -> None:
     m, n = y.shape
     elem, align = fwd.element_size(y, dy), fwd.row_align(y, dy, dx) if fwd.STREAM_ALIGNED_VECTORS["bwd"] else 1
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem, align)
-    _bwd_elementwise_kernel[(cdiv(m, block_m) * k,)](
+    launch_kernel(_bwd_elementwise_kernel, (cdiv(m, block_m) * k,),
         y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, ALIGN=align,
         EDGES=fwd.row_edges(align, y, dy, dx), num_warps=warps, **COMPILE_OPTIONS)
@@ -493,7 +495,7 @@ def _persistent(y, dy, dx) -> None:
         q, g, r = fwd.split_plan(k, m, programs, chunk * (y.element_size() + dy.element_size()))
     args[3] = torch.empty((m, q), dtype=torch.float32, device=y.device)
     args[11:15] = [q, g, r, 1 if r == 1 else 0]
-    _bwd_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps, **COMPILE_OPTIONS)
+    launch_kernel(_bwd_persistent_kernel, (g * q,), *args, **consts, num_warps=warps, **COMPILE_OPTIONS)
 
 
 def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,7 @@ import triton.language as tl
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2, prev_power_of_2
 from .kept_tensors import kept
+from .launcher import launch_kernel
 
 # ---- Regime knobs (module level so tests can lower them and reach the split paths at small N) ----
 # Values from timings on an H200 (benchmarks/logs/2026-11-22-h200-softmax-call*.log, .notes/softmax.md).
@@ -983,7 +984,7 @@ def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
     align, edges, cols = layout or row_layout(*((x, y) if store_y else (x,)))
     vector = (align if align > 1 else 16 // x.element_size()) if ROWS_TAIL_VECTORS else 0
     block_m, block_n, tail_n, warps = rows_config(m, cols, x.element_size(), vector=vector)
-    _softmax_rows_kernel[(cdiv(m, block_m),)](
+    launch_kernel(_softmax_rows_kernel, (cdiv(m, block_m),),
         x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
         y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
         STORE_LSE=lse is not None, num_warps=warps, **rows_register_cap(block_m, block_n, warps), **COMPILE_OPTIONS,
@@ -1000,14 +1001,14 @@ def _two_pass_stats(x, out=None):
     block_m, block_n, k, warps = stream_config(m, n, elem, align)
     pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
     ps = torch.empty_like(pm)
-    _chunk_stats_kernel[(cdiv(m, block_m) * k,)](
+    launch_kernel(_chunk_stats_kernel, (cdiv(m, block_m) * k,),
         x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **COMPILE_OPTIONS,
         **stream_args(x, block_m, block_n, align))
     lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
-    _combine_stats_kernel[(cdiv(m, cm),)](pm, ps, lse, shift, total, m, k,
-                                          BLOCK_M=cm, BLOCK_K=block_k, num_warps=4, **COMPILE_OPTIONS)
+    launch_kernel(_combine_stats_kernel, (cdiv(m, cm),), pm, ps, lse, shift, total, m, k,
+                  BLOCK_M=cm, BLOCK_K=block_k, num_warps=4, **COMPILE_OPTIONS)
     return lse, shift, total
 
 
@@ -1015,7 +1016,7 @@ def _normalize_into(x, y, shift, total) -> None:
     m, n = x.shape
     elem, align = x.element_size(), row_align(x, y) if STREAM_ALIGNED_VECTORS["fwd"] else 1
     block_m, block_n, k, warps = stream_config(m, n, elem, align)
-    _normalize_kernel[(cdiv(m, block_m) * k,)](
+    launch_kernel(_normalize_kernel, (cdiv(m, block_m) * k,),
         x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps, **COMPILE_OPTIONS,
         **stream_args(x, block_m, block_n, align, y))
@@ -1043,7 +1044,7 @@ def _persistent(x, y, lse) -> None:
     ps = torch.empty_like(pm)
     args[3:5] = [pm, ps]
     args[11:15] = [q, g, r, lag]
-    _softmax_persistent_kernel[(g * q,)](*args, **consts, num_warps=warps, **COMPILE_OPTIONS)
+    launch_kernel(_softmax_persistent_kernel, (g * q,), *args, **consts, num_warps=warps, **COMPILE_OPTIONS)
 
 
 def staged_fits(direction: str, a, b, out, any_length: bool = False) -> bool:

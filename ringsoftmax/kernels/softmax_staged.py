@@ -69,6 +69,7 @@ from .compile_options import COMPILE_OPTIONS
 from .gluon_compat import (TensorDescriptor, async_copy, cp_async as _cp_async, cta_barrier as _cta_barrier,
                            fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load)
 from .hostmath import cdiv, next_power_of_2
+from .launcher import launch_kernel
 
 #: Configurations, by direction and element size (the larger of y and dy backward), each a list of
 #: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
@@ -1619,7 +1620,7 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
     grid, claim, q, consts, warps = plan
     words = torch.full((a.shape[0] * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
     args = _kernel_args(a, b, out, lse, prior, consts, words, q)
-    _staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps, **COMPILE_OPTIONS)
+    launch_kernel(_staged_kernel, (grid,), *args, **consts, CLAIM=claim, num_warps=warps, **COMPILE_OPTIONS)
     return True
 
 
