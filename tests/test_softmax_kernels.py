@@ -1133,10 +1133,15 @@ def test_staged_plan_memo_cpu(monkeypatch):
     assert plan(base) == 10 and plan(base) == 10
     monkeypatch.setattr(S, "STAGED_CONFIG_WHOLE", {**S.STAGED_CONFIG_WHOLE, ("bwd", 4): [(1, None)]})
     assert plan(base) == 11
+    # the two-pass passes' knobs (the held path keeps those passes' plans in its memoized plan)
+    monkeypatch.setitem(F.STREAM_TILE, 2, F.STREAM_TILE[2] // 2)
+    assert plan(base) == 12
+    monkeypatch.setattr(F, "STREAM_SECOND_PASS_REVERSED", not F.STREAM_SECOND_PASS_REVERSED)
+    assert plan(base) == 13 and plan(base) == 13
     monkeypatch.setattr(S, "MEMO_SIZE", 2)
     plan(base, extra="z")
-    assert len(S._PLANS) == 1 and plan(base, extra="z") == 12  # full: started again
-    assert plan(base, extra="z") == 12
+    assert len(S._PLANS) == 1 and plan(base, extra="z") == 14  # full: started again
+    assert plan(base, extra="z") == 14
 
 
 @pytest.mark.gpu

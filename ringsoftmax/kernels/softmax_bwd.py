@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import softmax_fwd as fwd
 from .compile_options import COMPILE_OPTIONS
-from .hostmath import cdiv, next_power_of_2
+from .hostmath import cdiv
 from .launcher import launch_kernel
 from .softmax_fwd import (chunk_edges, chunk_has_edges, chunk_ptrs, edge_tile, load_inside, load_tile, row_arrive,
                           row_offsets, row_wait, store_tile, stream_tile, tile_masks)
@@ -450,31 +450,46 @@ def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:
         **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align, tail_n, edges))
 
 
-def _two_pass_dot(y, dy, out=None) -> torch.Tensor:
-    """(M,) float32 row sums of y * dy by partial sums (into ``out`` where given)."""
+def dot_plan(y, dy) -> tuple:
+    """What ``_two_pass_dot`` launches on (M, N) rows y, dy (their layouts only, as
+    ``softmax_fwd.stats_plan``): (K, partial-dot grid and keyword arguments, sum grid and keyword
+    arguments)."""
     m, n = y.shape
     elem, align = fwd.element_size(y, dy), fwd.row_align(y, dy) if fwd.STREAM_ALIGNED_VECTORS["bwd"] else 1
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem, align)
+    return (k, (cdiv(m, block_m) * k,), dict(BLOCK_M=block_m, BLOCK_N=block_n, ALIGN=align,
+                                             EDGES=fwd.row_edges(align, y, dy), num_warps=warps, **COMPILE_OPTIONS),
+            *fwd.partials_plan(m, k))
+
+
+def _two_pass_dot(y, dy, out=None, plan=None) -> torch.Tensor:
+    """(M,) float32 row sums of y * dy by partial sums (into ``out`` where given); ``plan``:
+    ``dot_plan(y, dy)``, where the caller keeps it."""
+    m, n = y.shape
+    k, grid, kwargs, sum_grid, sum_kwargs = plan or dot_plan(y, dy)
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
-    launch_kernel(_partial_dot_kernel, (cdiv(m, block_m) * k,),
-        y, dy, pd, m, n, k, y.stride(0), dy.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, ALIGN=align,
-        EDGES=fwd.row_edges(align, y, dy), num_warps=warps, **COMPILE_OPTIONS)
+    launch_kernel(_partial_dot_kernel, grid, y, dy, pd, m, n, k, y.stride(0), dy.stride(0), **kwargs)
     delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
-    block_k = min(next_power_of_2(k), 256)
-    cm = max(1, min(4096 // block_k, next_power_of_2(m)))
-    launch_kernel(_sum_partials_kernel, (cdiv(m, cm),), pd, delta, m, k, BLOCK_M=cm, BLOCK_K=block_k, num_warps=4,
-                  **COMPILE_OPTIONS)
+    launch_kernel(_sum_partials_kernel, sum_grid, pd, delta, m, k, **sum_kwargs)
     return delta
 
 
-def _elementwise(y, dy, dx, delta) -> None:
+def elementwise_plan(y, dy, dx) -> tuple:
+    """What ``_elementwise`` launches on (M, N) rows (layouts only): (grid, keyword arguments, K)."""
     m, n = y.shape
     elem, align = fwd.element_size(y, dy), fwd.row_align(y, dy, dx) if fwd.STREAM_ALIGNED_VECTORS["bwd"] else 1
     block_m, block_n, k, warps = fwd.stream_config(m, n, elem, align)
-    launch_kernel(_bwd_elementwise_kernel, (cdiv(m, block_m) * k,),
-        y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED, ALIGN=align,
-        EDGES=fwd.row_edges(align, y, dy, dx), num_warps=warps, **COMPILE_OPTIONS)
+    return ((cdiv(m, block_m) * k,), dict(BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=fwd.STREAM_SECOND_PASS_REVERSED,
+                                          ALIGN=align, EDGES=fwd.row_edges(align, y, dy, dx), num_warps=warps,
+                                          **COMPILE_OPTIONS), k)
+
+
+def _elementwise(y, dy, dx, delta, plan=None) -> None:
+    """dx = y * (dy - delta) per row, (M, N) rows; ``plan``: ``elementwise_plan(y, dy, dx)``."""
+    m, n = y.shape
+    grid, kwargs, k = plan or elementwise_plan(y, dy, dx)
+    launch_kernel(_bwd_elementwise_kernel, grid, y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
+                  **kwargs)
 
 
 def _persistent(y, dy, dx) -> None:

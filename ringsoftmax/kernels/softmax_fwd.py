@@ -993,33 +993,55 @@ def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
                          align, tail_n, edges))
 
 
-def _two_pass_stats(x, out=None):
-    """Chunk statistics + combine: (lse, row max, row sum of exp(x - max)), each (M,) float32 (the
-    rows of ``out``, a (3, M) float32 tensor, where given)."""
+def stats_plan(x) -> tuple:
+    """What ``_two_pass_stats`` launches on (M, N) rows x, which depends on x's layout only (shape, row
+    stride, 16-byte alignment) and the stream knobs: (K, chunk-statistics grid and keyword arguments,
+    combine grid and keyword arguments). The held path keeps it in its memoized plan."""
     m, n = x.shape
     elem, align = x.element_size(), row_align(x) if STREAM_ALIGNED_VECTORS["fwd"] else 1
     block_m, block_n, k, warps = stream_config(m, n, elem, align)
-    pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
-    ps = torch.empty_like(pm)
-    launch_kernel(_chunk_stats_kernel, (cdiv(m, block_m) * k,),
-        x, pm, ps, m, n, k, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **COMPILE_OPTIONS,
-        **stream_args(x, block_m, block_n, align))
-    lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
+    return (k, (cdiv(m, block_m) * k,), dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **COMPILE_OPTIONS,
+                                             **stream_args(x, block_m, block_n, align)), *partials_plan(m, k))
+
+
+def partials_plan(m: int, k: int) -> tuple:
+    """(grid, keyword arguments) of the kernels that reduce (M, K) float32 partials to rows (the two-pass
+    paths' combine, forward and backward): tiles of at most 4096 partials, K in blocks of up to 256."""
     block_k = min(next_power_of_2(k), 256)
     cm = max(1, min(4096 // block_k, next_power_of_2(m)))
-    launch_kernel(_combine_stats_kernel, (cdiv(m, cm),), pm, ps, lse, shift, total, m, k,
-                  BLOCK_M=cm, BLOCK_K=block_k, num_warps=4, **COMPILE_OPTIONS)
+    return (cdiv(m, cm),), dict(BLOCK_M=cm, BLOCK_K=block_k, num_warps=4, **COMPILE_OPTIONS)
+
+
+def _two_pass_stats(x, out=None, plan=None):
+    """Chunk statistics + combine: (lse, row max, row sum of exp(x - max)), each (M,) float32 (the
+    rows of ``out``, a (3, M) float32 tensor, where given). ``plan``: ``stats_plan(x)``, where the
+    caller keeps it."""
+    m, n = x.shape
+    k, grid, kwargs, combine_grid, combine_kwargs = plan or stats_plan(x)
+    pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
+    ps = torch.empty_like(pm)
+    launch_kernel(_chunk_stats_kernel, grid, x, pm, ps, m, n, k, x.stride(0), **kwargs)
+    lse, shift, total = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(3)) if out is None else out
+    launch_kernel(_combine_stats_kernel, combine_grid, pm, ps, lse, shift, total, m, k, **combine_kwargs)
     return lse, shift, total
 
 
-def _normalize_into(x, y, shift, total) -> None:
+def normalize_plan(x, y) -> tuple:
+    """What ``_normalize_into`` launches on (M, N) rows x into y (layouts only, as ``stats_plan``):
+    (grid, keyword arguments, K)."""
     m, n = x.shape
     elem, align = x.element_size(), row_align(x, y) if STREAM_ALIGNED_VECTORS["fwd"] else 1
     block_m, block_n, k, warps = stream_config(m, n, elem, align)
-    launch_kernel(_normalize_kernel, (cdiv(m, block_m) * k,),
-        x, y, shift, total, m, n, k, x.stride(0), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED, num_warps=warps, **COMPILE_OPTIONS,
-        **stream_args(x, block_m, block_n, align, y))
+    return ((cdiv(m, block_m) * k,), dict(BLOCK_M=block_m, BLOCK_N=block_n, REVERSED=STREAM_SECOND_PASS_REVERSED,
+                                          num_warps=warps, **COMPILE_OPTIONS,
+                                          **stream_args(x, block_m, block_n, align, y)), k)
+
+
+def _normalize_into(x, y, shift, total, plan=None) -> None:
+    """y = exp(x - shift) / total per row, (M, N) rows; ``plan``: ``normalize_plan(x, y)``."""
+    m, n = x.shape
+    grid, kwargs, k = plan or normalize_plan(x, y)
+    launch_kernel(_normalize_kernel, grid, x, y, shift, total, m, n, k, x.stride(0), y.stride(0), **kwargs)
 
 
 def _persistent(x, y, lse) -> None:

@@ -82,11 +82,28 @@ def traffic(direction: str, a, b, out, held: int) -> int:
 
 
 def _plan(direction: str, a, b, out, captured: bool) -> tuple:
-    """(config, held columns) of ``held_split`` on these rows: the table's config for the whole
-    rows (its deepest ring, or its spill fallback: ``softmax_staged.held_config``) and ``held_width``
-    under it."""
+    """(config, held columns, launches) of ``held_split`` on these rows: the table's config for the whole
+    rows (its deepest ring, or its spill fallback: ``softmax_staged.held_config``), ``held_width`` under it,
+    and where that is not 0 the plans of the three launches (``_launches``)."""
     config = S.held_config(direction, a, b, out)
-    return config, held_width(direction, a, b, out, config, captured)
+    held = held_width(direction, a, b, out, config, captured)
+    return config, held, _launches(direction, a, b, out, config, held) if held else None
+
+
+def _launches(direction: str, a, b, out, config, held: int) -> tuple:
+    """The plans of the first pass on the streamed columns, the staged launch on the held ones and the
+    second pass, made on tensors laid out as ``held_split`` makes them (so the plans hold for its calls)."""
+    m = a.shape[0]
+    streamed = [t[:, held:] for t in (a, b, out)]
+    stats = torch.empty((5, m), dtype=torch.float32, device=a.device)
+    lse = torch.empty(m, dtype=torch.float32, device=a.device) if direction == "fwd" else None
+    staged = S._launch_plan(direction, a[:, :held], b[:, :held], out[:, :held], lse, config, stats[1:])
+    if staged is None:
+        raise RuntimeError(f"softmax_held: the staged kernel refused the {held} of {a.shape[1]} columns that "
+                           f"held_width gave it (M = {m}); please report this")
+    if direction == "fwd":
+        return F.stats_plan(streamed[0]), staged, F.normalize_plan(streamed[0], streamed[2])
+    return B.dot_plan(*streamed[:2]), staged, B.elementwise_plan(*streamed)
 
 
 def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, lse=None) -> bool:
@@ -101,26 +118,26 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     if HELD_MIN_SHARE[direction, F.element_size(a, b)] is None or not S.available(a, b, out):
         return False  # (checked first: the forward's long rows come here on every call)
     captured = a.is_cuda and torch.cuda.is_current_stream_capturing()  # (its host cost paid once)
-    config, held = S.memo("held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items()),
-                                                  HELD_MIN_BYTES, HELD_MIN_ROWS_CAPTURED, captured),
-                          lambda: _plan(direction, a, b, out, captured))
+    _, held, launches = S.memo(
+        "held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items()), HELD_MIN_BYTES,
+                              HELD_MIN_ROWS_CAPTURED, captured),
+        lambda: _plan(direction, a, b, out, captured))
     if not held:
         return False
+    first, staged, second = launches
     streamed = (t[:, held:] for t in (a, b, out))
     stats = torch.empty((5, m), dtype=torch.float32, device=a.device)
     if direction == "fwd":
         x_s, _, y_s = streamed
-        F._two_pass_stats(x_s, out=stats[:3])  # (lse, max, sum) of the streamed columns
+        F._two_pass_stats(x_s, out=stats[:3], plan=first)  # (lse, max, sum) of the streamed columns
         lse = stats[0] if lse is None else lse   # (the streamed columns' lse is not needed after)
     else:
         y_s, dy_s, dx_s = streamed
-        B._two_pass_dot(y_s, dy_s, out=stats[1])  # their dot
+        B._two_pass_dot(y_s, dy_s, out=stats[1], plan=first)  # their dot
     prior = stats[1:]
-    if not S.launch(direction, a[:, :held], b[:, :held], out[:, :held], lse, config, prior):
-        raise RuntimeError(f"softmax_held: the staged kernel refused the {held} of {n} columns that "
-                           f"held_width gave it (M = {m}); please report this")
+    S.launch_planned(staged, a[:, :held], b[:, :held], out[:, :held], lse, prior)
     if direction == "fwd":
-        F._normalize_into(x_s, y_s, prior[2], prior[3])
+        F._normalize_into(x_s, y_s, prior[2], prior[3], plan=second)
     else:
-        B._elementwise(y_s, dy_s, dx_s, prior[2])
+        B._elementwise(y_s, dy_s, dx_s, prior[2], plan=second)
     return True

@@ -1617,11 +1617,16 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
                 lambda: _launch_plan(direction, a, b, out, lse, config, prior))
     if plan is None:
         return False
+    launch_planned(plan, a, b, out, lse, prior)
+    return True
+
+
+def launch_planned(plan: tuple, a, b, out, lse, prior=None) -> None:
+    """``launch`` by a plan its caller keeps (``_launch_plan``'s, for tensors of these layouts)."""
     grid, claim, q, consts, warps = plan
     words = torch.full((a.shape[0] * q + 1,), PENDING_WORD, dtype=torch.int64, device=a.device)
     args = _kernel_args(a, b, out, lse, prior, consts, words, q)
     launch_kernel(_staged_kernel, (grid,), *args, **consts, CLAIM=claim, num_warps=warps, **COMPILE_OPTIONS)
-    return True
 
 
 def _launch_plan(direction: str, a, b, out, lse, config, prior):
@@ -1760,8 +1765,8 @@ def _build_key(args) -> tuple:
 
 
 def memo(name: str, tensors, extra, build):
-    """``build()``, memoized by ``name``, ``extra``, every knob of this module the launch plans read,
-    and the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
+    """``build()``, memoized by ``name``, ``extra``, every knob the plans read (``_plan_knobs``), and
+    the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
     takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
     and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans.
 
@@ -1779,11 +1784,14 @@ def memo(name: str, tensors, extra, build):
 
 
 def _plan_knobs() -> tuple:
-    """The module knobs (and ``softmax_fwd``'s) that launch plans read, as they are now (references)."""
+    """The module knobs that launch plans read, and ``softmax_fwd``'s that they and the held path's plans
+    of the two-pass passes (``stats_plan`` and the like) read, as they are now (references)."""
     return (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, LATE_CLAIM, FOLD_DIVISION_16BIT,
             FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_CONFIGS, SLOT_SLACK, REGISTER_CAPS,
             SHIFTED_REGISTER_CAPS, SPILL_FALLBACKS, MERGE_PARTITIONS, MERGE_REGS, STAGED_CONFIG_SHIFTED,
-            SUB_TILE_COST, CLAIM_MAX_ROW_SHARE, STAGED_CONFIG, STAGED_CONFIG_WHOLE)
+            SUB_TILE_COST, CLAIM_MAX_ROW_SHARE, STAGED_CONFIG, STAGED_CONFIG_WHOLE,
+            F.STREAM_TILE, F.STREAM_ELEMS_PER_THREAD, F.ROWS_MAX_WARPS, F.STREAM_EXACT, F.STREAM_EXP_FTZ,
+            F.STREAM_FMA_EXP, F.STREAM_ALIGNED_VECTORS, F.STREAM_SECOND_PASS_REVERSED)
 
 
 _PLANS: dict = {}
