@@ -46,7 +46,10 @@ HELD_FILL = {"fwd": 0.9, "bwd": 1.0}
 #: benchmarks/probes/softmax_host.py); below ~0.5 ms of GPU work (1.6 GB at the ~3.3 TB/s these
 #: kernels reach) the host then sets the pace of back-to-back calls. bf16 16M-element rows forward
 #: (16 rows: 1.36 GB) measured 64% of copy with the host hidden and 60% (the two-pass path's
-#: figure) in a full bench where it was not.
+#: figure) in a full bench where it was not. Session 49 (H200, launch cache, passes planned once): there
+#: 63.7-64.3% against the two-pass path's 61.9, its GPU time 0.393 ms against 0.42 ms of host per call,
+#: too close to the host's swings to take; and a byte threshold that took those 16 rows would take 8 rows
+#: of 32M, where the held path ran 46.2-60.8% against 61.4-61.5.
 HELD_MIN_BYTES = 1.6e9
 #: While the stream captures a CUDA graph the host's cost is paid once, at capture, so
 #: ``HELD_MIN_BYTES`` does not apply there; the rows must number at least this many instead. H100,
