@@ -117,7 +117,7 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     Forward ``("fwd", x, x, y, lse)``: y (M, N) in x.dtype, lse (M,) float32 (None: not kept).
     Backward ``("bwd", y, dy, dx)``: dx (M, N) in dy.dtype.
     """
-    m, n = a.shape
+    m = a.shape[0]
     if HELD_MIN_SHARE[direction, F.element_size(a, b)] is None or not S.available(a, b, out):
         return False  # (checked first: the forward's long rows come here on every call)
     captured = a.is_cuda and torch.cuda.is_current_stream_capturing()  # (its host cost paid once)
