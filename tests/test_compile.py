@@ -67,9 +67,13 @@ def test_softmax_with_lse_compiles_whole(backend, dim, shape, dtype, tol):
     fn = lambda t: rs.softmax_with_lse(t, dim)                              # noqa: E731
     got = _run_softmax(torch.compile(fn, backend="aot_eager", fullgraph=True), x, gy, glse)
     eager = _run_softmax(fn, x, gy, glse)
+    # dx is formed from the saved y, itself rounded to the dtype: a few bf16 units. Eager, 150 fresh (4, 70) draws
+    # (session 49): y at most 5.1e-3, dx median 5.8e-3, max 1.12e-2, over 1e-2 in 5 (a CI run met 1.02e-2); 2e-2
+    # as test_triton_backend's bf16 gradients
+    tols = {"y": tol, "lse": 1e-6, "dx": 2 * tol if dtype == torch.bfloat16 else tol}
     for name, g, e, w in zip(("y", "lse", "dx"), got, eager, _softmax_wants(x.double(), gy, glse, dim)):
         assert torch.equal(g, e), f"{name}: the compiled call differs from the eager one"
-        assert_close(name, g, w, tol if name != "lse" else 1e-6)
+        assert_close(name, g, w, tols[name])
 
 
 def test_softmax_compiles_with_other_ops(backend):
