@@ -166,9 +166,9 @@ def test_compiled_on_gpu(mode, monkeypatch):
     calls (warm-up, recording, replay), with the kernels' kept tensors made anew inside the warm-up, where the
     graphs' pool takes every allocation of this thread (``kept_tensors``); the first rows take another path in the
     warm-up than in the recording (``softmax_held.HELD_MIN_ROWS_CAPTURED``), whose plans the warm-up makes."""
-    from ringsoftmax.kernels import kept_tensors, softmax_staged
+    from ringsoftmax.kernels import kept_tensors, plan_memo
     monkeypatch.setattr(kept_tensors, "_KEPT", {})        # as in a fresh process: no kept tensor yet,
-    monkeypatch.setattr(softmax_staged, "_PLANS", {})     # and no plan (planning a launch makes them)
+    monkeypatch.setattr(plan_memo, "_PLANS", {})          # and no plan (planning a launch makes them)
     torch._dynamo.reset()
     counters.clear()
     dev, calls = "cuda", 3 if mode else 2

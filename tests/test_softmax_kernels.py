@@ -603,7 +603,7 @@ def check_unaligned_tiles(m, n, dtype, device):
     assert align == (1 if n % 16 == 0 else 16 // x.element_size())
     assert F.row_edges(align, x, y) == (n % align != 0)  # (row strides n and n + 32)
     lse = torch.empty(m, device=device)
-    F._rows(x, y, lse, lse, lse, store_y=True)  # the rows kernel, whatever ROWS_MAX_N says
+    F._rows(F.rows_plan(x, y, True), x, y, lse, lse, lse)  # the rows kernel, whatever ROWS_MAX_N says
     check_fwd(x, y.contiguous(), lse, TOL[dtype])
     assert kept(big)
     big, y = framed()
@@ -615,7 +615,7 @@ def check_unaligned_tiles(m, n, dtype, device):
     for delta in (None, B._two_pass_dot(yy, dy)):
         big, dx = framed()
         if delta is None:
-            B._rows(yy, dy, dx, None, store_dx=True)
+            B._rows(B.rows_plan(yy, dy, dx), yy, dy, dx, None)
         else:
             B._elementwise(yy, dy, dx, delta)
         check_bwd(yy, dy, dx.contiguous(), TOL[dtype])
@@ -1102,46 +1102,6 @@ def test_staged_spill_fallbacks_cpu(monkeypatch):
     assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 1, 2)
     spilled["bytes"] = 0
     assert taken("bwd", dy, dy, torch.empty_like(dy), None) == (4096, 3, 2, 2)
-
-
-def test_staged_plan_memo_cpu(monkeypatch):
-    """A launch plan is built once per layout and knob setting: again for another shape, stride,
-    dtype or 16-byte alignment of the rows, or after a knob the plans read has changed (in place too)."""
-    monkeypatch.setattr(S, "_PLANS", {})
-    builds = []
-
-    def plan(*tensors, extra="x"):
-        return S.memo("test", tensors, extra, lambda: builds.append(1) or len(builds))
-
-    base = torch.empty(4, 4096, dtype=torch.bfloat16)
-    assert plan(base) == plan(base) == plan(torch.empty(4, 4096, dtype=torch.bfloat16)) == 1
-    assert plan(base, extra="y") == 2
-    assert plan(torch.empty(4, 4097, dtype=torch.bfloat16)) == 3           # shape
-    assert plan(torch.empty(4, 4096)) == 4                                  # dtype
-    assert plan(torch.empty(4, 4104, dtype=torch.bfloat16)[:, :4096]) == 5  # row stride
-    shifted = torch.empty(4 * 4096 + 8, dtype=torch.bfloat16)[1:4 * 4096 + 1].view(4, 4096)
-    assert shifted.data_ptr() % 16 != base.data_ptr() % 16 and plan(shifted) == 6  # alignment
-    monkeypatch.setattr(S, "CLAIM", not S.CLAIM)
-    assert plan(base) == 7
-    monkeypatch.setattr(F, "RESIDENT_PROGRAMS", 12)
-    assert plan(base) == 8
-    table = {k: list(v) for k, v in S.STAGED_CONFIG.items()}
-    table["fwd", 4][-1] = (table["fwd", 4][-1][0], (4096, 4, 3, 1, 1, False))
-    monkeypatch.setattr(S, "STAGED_CONFIG", table)
-    assert plan(base) == 9 and plan(base) == 9
-    table["fwd", 4][-1] = (table["fwd", 4][-1][0], (4096, 4, 3, 1, 2, False))   # in place
-    assert plan(base) == 10 and plan(base) == 10
-    monkeypatch.setattr(S, "STAGED_CONFIG_WHOLE", {**S.STAGED_CONFIG_WHOLE, ("bwd", 4): [(1, None)]})
-    assert plan(base) == 11
-    # the two-pass passes' knobs (the held path keeps those passes' plans in its memoized plan)
-    monkeypatch.setitem(F.STREAM_TILE, 2, F.STREAM_TILE[2] // 2)
-    assert plan(base) == 12
-    monkeypatch.setattr(F, "STREAM_SECOND_PASS_REVERSED", not F.STREAM_SECOND_PASS_REVERSED)
-    assert plan(base) == 13 and plan(base) == 13
-    monkeypatch.setattr(S, "MEMO_SIZE", 2)
-    plan(base, extra="z")
-    assert len(S._PLANS) == 1 and plan(base, extra="z") == 14  # full: started again
-    assert plan(base, extra="z") == 14
 
 
 @pytest.mark.gpu

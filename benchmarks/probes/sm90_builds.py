@@ -216,9 +216,9 @@ def _rows_launch(spec: tuple):
     setattr(module, name, _Launches(kernel, sink))
     try:
         if direction == "rows fwd":
-            F._rows(a, out, stats, stats, stats, store_y=True)
+            F._rows(F.rows_plan(a, out, True), a, out, stats, stats, stats)
         else:
-            B._rows(a, a, out, None, store_dx=True)
+            B._rows(B.rows_plan(a, a, out), a, a, out, None)
     finally:
         setattr(module, name, kernel)
     return sink[0]

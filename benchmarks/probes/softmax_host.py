@@ -35,6 +35,7 @@ from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 from ringsoftmax.kernels import softmax_held as H
 from ringsoftmax.kernels import softmax_staged as S
+from ringsoftmax.kernels.plan_memo import memo
 
 
 def sleep_cycles(ms: float) -> int:
@@ -116,7 +117,7 @@ def breakdown(direction, a, b) -> dict:
     args = S._kernel_args(*views, lse, prior, consts, words, q)
     steps = {
         "torch.empty (M, N)": lambda: torch.empty((m, n), dtype=b.dtype, device="cuda"),
-        "staged_split refusal": lambda: F.staged_split(direction, a, b, out, lse),
+        "staged refusal": lambda: F.staged_fits(direction, a, b, out) and F.staged_launch(direction, a, b, out, lse),
         "launch_config": lambda: S.launch_config(direction, a, b),
         "held_width (unmemoized)": lambda: H.held_width(direction, a, b, out, config),
         "_launch_plan (unmemoized)": lambda: S._launch_plan(direction, *views, lse, config, prior),
@@ -124,7 +125,7 @@ def breakdown(direction, a, b) -> dict:
         "torch.full (words)": lambda: torch.full((m * q + 1,), S.PENDING_WORD, dtype=torch.int64, device="cuda"),
         "staged kernel launch": lambda: S._staged_kernel[(grid,)](*args, **consts, CLAIM=claim, num_warps=warps),
         "S.launch (held)": lambda: S.launch(direction, *views, lse, config, prior),
-        "memo hit (the launch's plan)": lambda: S.memo("launch", views, (direction, config, False), None),
+        "memo hit (the launch's plan)": lambda: memo("launch", views, (direction, config, False), None, S.plan_knobs()),
     }
     if direction == "fwd":
         steps["_two_pass_stats"] = lambda: F._two_pass_stats(a[:, held:], out=stats[:3])

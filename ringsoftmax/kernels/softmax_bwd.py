@@ -30,6 +30,7 @@ from . import softmax_fwd as fwd
 from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv
 from .launcher import launch_kernel
+from .plan_memo import memo
 from .softmax_fwd import (chunk_edges, chunk_has_edges, chunk_ptrs, edge_tile, load_inside, load_tile, row_arrive,
                           row_offsets, row_wait, store_tile, stream_tile, tile_masks)
 
@@ -432,22 +433,31 @@ def rows_in_registers(elem: int, block_n: int, tail_n: int, edges: bool) -> bool
                                                  held[0] <= block_n + tail_n <= held[1])
 
 
-def _rows(y, dy, dx, delta, store_dx: bool, layout=None) -> None:
-    """The rows kernel: dx (``store_dx``), or the row sums of y * dy into ``delta`` (``layout``: the
-    tensors' ``row_layout`` where the caller has it from ``softmax_fwd.rows_fit``)."""
+def rows_plan(y, dy, dx, layout=None) -> tuple:
+    """(grid, keyword arguments) of the rows kernel on (M, N) rows y, dy writing dx (None: the row sums of
+    y * dy instead); ``layout``: the tensors' ``row_layout`` where the caller has it from
+    ``softmax_fwd.rows_fit``. Depends on the layouts only (``plan_memo``)."""
     (m, n), elem = y.shape, fwd.element_size(y, dy)
-    align, edges, cols = layout or fwd.row_layout(*((y, dy, dx) if store_dx else (y, dy)), direction="bwd")
+    tensors = (y, dy) if dx is None else (y, dy, dx)
+    align, edges, cols = layout or fwd.row_layout(*tensors, direction="bwd")
     block_m, block_n, tail_n, warps = rows_config(m, cols, elem, edges)
     reload = not rows_in_registers(elem, block_n, tail_n, edges)
     chunk = min(block_n, BWD_ROWS_CHUNK[elem] or block_n)
     if reload and tail_n >= chunk:  # (a tail of whole pieces: the pieces' loop takes it)
         block_n, tail_n = block_n + tail_n, 0
-    out = dx if store_dx else y
-    strides = (y.stride(0), dy.stride(0), dx.stride(0) if store_dx else 0)
-    launch_kernel(_bwd_rows_kernel, (cdiv(m, block_m),),
-        y, dy, out, delta if delta is not None else y, m, n, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
-        STORE_DX=store_dx, num_warps=warps, RELOAD=reload, CHUNK=chunk, **COMPILE_OPTIONS,
-        **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align, tail_n, edges))
+    strides = (y.stride(0), dy.stride(0), 0 if dx is None else dx.stride(0))
+    return (cdiv(m, block_m),), dict(
+        BLOCK_M=block_m, BLOCK_N=block_n, STORE_DX=dx is not None, num_warps=warps, RELOAD=reload, CHUNK=chunk,
+        **COMPILE_OPTIONS, **fwd.rows_tile_args(m, n, block_m, block_n, strides, BWD_ROWS_LOAD_EVICT, align, tail_n,
+                                                edges))
+
+
+def _rows(plan, y, dy, dx, delta) -> None:
+    """The rows kernel by ``rows_plan``'s ``plan``: dx, or (dx None) the row sums of y * dy into ``delta``."""
+    grid, kwargs = plan
+    m, n = y.shape
+    launch_kernel(_bwd_rows_kernel, grid, y, dy, y if dx is None else dx, y if delta is None else delta, m, n,
+                  y.stride(0), dy.stride(0), 0 if dx is None else dx.stride(0), **kwargs)
 
 
 def dot_plan(y, dy) -> tuple:
@@ -520,8 +530,8 @@ def row_dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     delta = torch.zeros(m, dtype=torch.float32, device=y.device)
     if m == 0 or n == 0:
         return delta
-    if layout := fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, direction="bwd"):
-        _rows(y, dy, y, delta, store_dx=False, layout=layout)
+    if plan := memo("row_dot", (y, dy), None, lambda: _dot_route(y, dy), bwd_knobs()):
+        _rows(plan, y, dy, None, delta)
         return delta
     return _two_pass_dot(y, dy)
 
@@ -544,12 +554,11 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
     if delta is not None:
         _elementwise(y, dy, dx, fwd._row_vector(delta, m, y, "delta", "softmax_bwd"))
         return dx
-    # (rows past BWD_ROWS_MAX_N never fit the rows kernel: no layout to work out for them)
-    layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd") if n <= BWD_ROWS_MAX_N else None
-    if fwd.staged_split("bwd", y, dy, dx, any_length=staged_first(layout, fwd.element_size(y, dy), y, dy, dx)):
+    staged, rows = memo("softmax_bwd", (y, dy, dx), None, lambda: _bwd_route(y, dy, dx), bwd_knobs())
+    if staged and fwd.staged_launch("bwd", y, dy, dx):
         pass
-    elif layout:
-        _rows(y, dy, dx, None, store_dx=True, layout=layout)
+    elif rows:
+        _rows(rows, y, dy, dx, None)
     elif fwd.held_split("bwd", y, dy, dx):
         pass
     elif fwd.use_persistent(y, n * (y.element_size() + dy.element_size()), BWD_PERSISTENT_MAX_ROW_BYTES,
@@ -558,3 +567,29 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, delta: torch.Tensor | None = 
     else:
         _elementwise(y, dy, dx, _two_pass_dot(y, dy))
     return dx
+
+
+def _bwd_route(y, dy, dx) -> tuple:
+    """(staged, rows) of ``softmax_bwd`` on (M, N) rows y, dy into dx: whether the staged kernel is tried
+    first (``softmax_fwd.staged_fits``, from ``staged_first``), and the rows kernel's plan where the rows
+    fit it, else None (the split paths). Memoized by layout (``plan_memo``)."""
+    # (rows past BWD_ROWS_MAX_N never fit the rows kernel: no layout to work out for them)
+    layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, dx, direction="bwd") if y.shape[1] <= BWD_ROWS_MAX_N else None
+    staged = fwd.staged_fits("bwd", y, dy, dx, any_length=staged_first(layout, fwd.element_size(y, dy), y, dy, dx))
+    return staged, rows_plan(y, dy, dx, layout) if layout else None
+
+
+def _dot_route(y, dy):
+    """The rows kernel's plan of ``row_dot`` on (M, N) rows y, dy where they fit it, else None."""
+    layout = fwd.rows_fit(BWD_ROWS_MAX_N, y, dy, direction="bwd")
+    return rows_plan(y, dy, None, layout) if layout else None
+
+
+def bwd_knobs() -> tuple:
+    """``softmax_fwd.rows_knobs`` and this module's knobs, as they are now: the ``knobs`` of the backward
+    routes' ``plan_memo.memo``."""
+    return fwd.rows_knobs() + (
+        BWD_ROWS_MAX_N, BWD_ROWS_TILE, BWD_ELEMS_PER_THREAD, BWD_ROWS_MAX_WARPS, BWD_MASKED_ROWS_TILE, BWD_MASKED_WARPS,
+        BWD_MASKED_MAX_BLOCK, BWD_MASKED_QUARTER_TAIL, BWD_MASKED_WARPS_CAP, BWD_STAGED_MASKED,
+        BWD_STAGED_ALIGNED_MIN_N, BWD_STAGED_ELEMENTWISE_MIN_N, BWD_ROWS_LOAD_EVICT, BWD_ROWS_CHUNK,
+        BWD_TAIL_REGISTERS, BWD_ROWS_WIDE_TAIL, BWD_ONE_TILE)

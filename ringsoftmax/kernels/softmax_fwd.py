@@ -42,6 +42,7 @@ from .compile_options import COMPILE_OPTIONS
 from .hostmath import cdiv, next_power_of_2, prev_power_of_2
 from .kept_tensors import kept
 from .launcher import launch_kernel
+from .plan_memo import memo
 
 # ---- Regime knobs (module level so tests can lower them and reach the split paths at small N) ----
 # Values from timings on an H200 (benchmarks/logs/2026-11-22-h200-softmax-call*.log, .notes/softmax.md).
@@ -977,20 +978,28 @@ def rows_register_cap(block_m: int, block_n: int, warps: int, caps=None) -> dict
     return {}
 
 
-def _rows(x, y, lse, mx, sx, store_y: bool, layout=None) -> None:
-    """The rows kernel: y and lse (``store_y``; lse None: y only), or the row statistics into mx, sx
-    (``layout``: the tensors' ``row_layout``, where the caller has it from ``rows_fit``)."""
+def rows_plan(x, y, store_lse: bool, layout=None) -> tuple:
+    """(grid, keyword arguments) of the rows kernel on (M, N) rows x writing y and, with ``store_lse``,
+    lse (y None: the row statistics instead); ``layout``: the tensors' ``row_layout``, where the caller
+    has it from ``rows_fit``. Depends on the layouts only (``plan_memo``)."""
     m, n = x.shape
-    align, edges, cols = layout or row_layout(*((x, y) if store_y else (x,)))
+    align, edges, cols = layout or row_layout(*((x,) if y is None else (x, y)))
     vector = (align if align > 1 else 16 // x.element_size()) if ROWS_TAIL_VECTORS else 0
     block_m, block_n, tail_n, warps = rows_config(m, cols, x.element_size(), vector=vector)
-    launch_kernel(_softmax_rows_kernel, (cdiv(m, block_m),),
-        x, y if store_y else x, lse if lse is not None else mx, mx, sx, m, n, x.stride(0),
-        y.stride(0) if store_y else 0, BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=store_y,
-        STORE_LSE=lse is not None, num_warps=warps, **rows_register_cap(block_m, block_n, warps), **COMPILE_OPTIONS,
-        FTZ=ROWS_EXP[0] and not is_interpreter(x), FMA=ROWS_EXP[1],
-        **rows_tile_args(m, n, block_m, block_n, (x.stride(0), y.stride(0) if store_y else 0), ROWS_LOAD_EVICT,
-                         align, tail_n, edges))
+    strides = (x.stride(0), 0 if y is None else y.stride(0))
+    return (cdiv(m, block_m),), dict(
+        BLOCK_M=block_m, BLOCK_N=block_n, STORE_Y=y is not None, STORE_LSE=store_lse, num_warps=warps,
+        **rows_register_cap(block_m, block_n, warps), **COMPILE_OPTIONS, FTZ=ROWS_EXP[0] and not is_interpreter(x),
+        FMA=ROWS_EXP[1], **rows_tile_args(m, n, block_m, block_n, strides, ROWS_LOAD_EVICT, align, tail_n, edges))
+
+
+def _rows(plan, x, y, lse, mx, sx) -> None:
+    """The rows kernel by ``rows_plan``'s ``plan``: y and lse, or (y None) the row statistics into mx, sx
+    (the pointers a plan does not write take any tensor)."""
+    grid, kwargs = plan
+    m, n = x.shape
+    launch_kernel(_softmax_rows_kernel, grid, x, x if y is None else y, lse, mx, sx, m, n, x.stride(0),
+                  0 if y is None else y.stride(0), **kwargs)
 
 
 def stats_plan(x) -> tuple:
@@ -1082,23 +1091,19 @@ def staged_fits(direction: str, a, b, out, any_length: bool = False) -> bool:
     return (any_length or a.shape[1] >= S.STAGED_MIN_N[key]) and S.available(a, b, out)
 
 
-def _staged_launch(direction: str, a, b, out, lse=None) -> bool:
+def staged_launch(direction: str, a, b, out, lse=None) -> bool:
+    """Split rows through ``softmax_staged`` where its launch accepts them (the caller has checked
+    ``staged_fits``); False where it does not (the caller takes another path).
+
+    Forward ``("fwd", x, x, y, lse)``; backward ``("bwd", y, dy, dx)``.
+    """
     from . import softmax_staged as S
     return S.launch(direction, a, b, out, out if lse is None else lse)
 
 
-def staged_split(direction: str, a, b, out, lse=None, any_length: bool = False) -> bool:
-    """Split rows through ``softmax_staged`` where ``staged_fits`` (``any_length``: see there) and its
-    launch accept them; False where they do not (the caller takes another path).
-
-    Forward ``("fwd", x, x, y, lse)``; backward ``("bwd", y, dy, dx)``.
-    """
-    return staged_fits(direction, a, b, out, any_length) and _staged_launch(direction, a, b, out, lse)
-
-
 def held_split(direction: str, a, b, out, lse=None) -> bool:
     """Rows longer than the staged kernel holds: leading columns held, the others read twice
-    (``softmax_held``); False where it does not apply. Arguments as for ``staged_split``."""
+    (``softmax_held``); False where it does not apply. Arguments as for ``staged_launch``."""
     from . import softmax_held  # imports this module: resolved at call time
     return softmax_held.held_split(direction, a, b, out, lse)
 
@@ -1123,16 +1128,14 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y, _empty_rows(x, m) if with_lse else None
-    elem = x.element_size()
-    short = rows_fit(ROWS_MAX_N[elem], x, y, elementwise_limit=ROWS_MAX_N_ELEMENTWISE[elem])
-    staged = staged_fits("fwd", x, x, y, any_length=short is None)
+    staged, rows = memo("softmax_fwd", (x, y), with_lse, lambda: _fwd_route(x, y, with_lse), rows_knobs())
     # lse (M,) float32, not allocated where only the rows kernel runs and the caller drops it
-    lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not short else None
-    if staged and _staged_launch("fwd", x, x, y, lse):
+    lse = torch.empty(m, dtype=torch.float32, device=x.device) if with_lse or staged or not rows else None
+    if staged and staged_launch("fwd", x, x, y, lse):
         pass
-    elif short:
-        spare = y if lse is None else lse  # (the rows kernel's unused statistic pointers)
-        _rows(x, y, lse if with_lse else None, spare, spare, store_y=True, layout=short)
+    elif rows:
+        spare = y if lse is None else lse  # (the rows kernel's unused pointers)
+        _rows(rows, x, y, spare, spare, spare)
     elif held_split("fwd", x, x, y, lse):
         pass
     elif use_persistent(x, n * x.element_size(), PERSISTENT_MAX_ROW_BYTES, x.element_size()):
@@ -1141,6 +1144,26 @@ def softmax_fwd(x: torch.Tensor, with_lse: bool = True):
         lse, shift, total = _two_pass_stats(x)
         _normalize_into(x, y, shift, total)
     return y, lse if with_lse else None
+
+
+def _fwd_route(x, y, with_lse: bool) -> tuple:
+    """(staged, rows) of ``softmax_fwd`` on (M, N) rows x into y: whether the staged kernel is tried
+    first (``staged_fits``), and the rows kernel's plan (``rows_plan``) where the rows fit it, else None
+    (the split paths). Memoized by layout (``plan_memo``)."""
+    elem = x.element_size()
+    short = rows_fit(ROWS_MAX_N[elem], x, y, elementwise_limit=ROWS_MAX_N_ELEMENTWISE[elem])
+    staged = staged_fits("fwd", x, x, y, any_length=short is None)
+    return staged, rows_plan(x, y, with_lse, short) if short else None
+
+
+def rows_knobs() -> tuple:
+    """The knobs (module tables and switches, as they are now) that the rows kernel's plans and the
+    short rows' routes read (``_fwd_route``, ``row_stats``' plan; ``softmax_bwd`` adds its own): the
+    ``knobs`` of their ``plan_memo.memo``."""
+    from . import softmax_staged as S
+    return (ROWS_MAX_N, ROWS_MAX_N_ELEMENTWISE, ROWS_TILE, ELEMS_PER_THREAD, ROWS_MAX_WARPS, ROWS_EXACT, ROWS_TAIL,
+            ROWS_WIDE_TAIL, ROWS_TAIL_VECTORS, ROWS_EXP, WHOLE_VECTOR_MIN_BYTES, ROWS_REGISTER_CAP, ROWS_LOAD_EVICT,
+            S.STAGED, S.STAGED_MIN_N)
 
 
 def row_stats(x: torch.Tensor):
@@ -1153,14 +1176,20 @@ def row_stats(x: torch.Tensor):
     m, n = x.shape
     if m == 0 or n == 0:
         return _empty_rows(x, m), torch.zeros(m, dtype=torch.float32, device=x.device)
-    elem = x.element_size()
-    if layout := rows_fit(ROWS_MAX_N[elem], x, elementwise_limit=ROWS_MAX_N_ELEMENTWISE[elem]):
+    if plan := memo("row_stats", (x,), None, lambda: _stats_route(x), rows_knobs()):
         mx = torch.empty(m, dtype=torch.float32, device=x.device)
         sx = torch.empty_like(mx)
-        _rows(x, x, mx, mx, sx, store_y=False, layout=layout)
+        _rows(plan, x, None, mx, mx, sx)
         return mx, sx
     _, mx, sx = _two_pass_stats(x)
     return mx, sx
+
+
+def _stats_route(x):
+    """The rows kernel's plan of ``row_stats`` on (M, N) rows x where they fit it, else None."""
+    elem = x.element_size()
+    layout = rows_fit(ROWS_MAX_N[elem], x, elementwise_limit=ROWS_MAX_N_ELEMENTWISE[elem])
+    return rows_plan(x, None, False, layout) if layout else None
 
 
 def normalize(x: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 from . import softmax_bwd as B
 from . import softmax_fwd as F
 from . import softmax_staged as S
+from .plan_memo import memo
 
 #: Take this path only where the held columns are at least this share of the row, by (direction,
 #: element size); None: not at all. H200, M * N = 2^28 (benchmarks/probes/softmax_two_pass.py),
@@ -34,7 +35,7 @@ from . import softmax_staged as S
 #: +3.9 at 16M, +0.4 at 32M (24%), 64M (12%) -0.9. The slow mode seen in session 16 (whole
 #: processes up to 2x slower) was the host: planning the launches took 430-660 us of Python per
 #: call, more than the GPU's 0.4 ms, and ``do_bench`` then times the host; plans are memoized now
-#: (``softmax_staged.memo``: 250-290 us per call, benchmarks/probes/softmax_host.py).
+#: (``plan_memo.memo``: 250-290 us per call, benchmarks/probes/softmax_host.py).
 HELD_MIN_SHARE = {("fwd", 4): 0.15, ("fwd", 2): 0.15, ("bwd", 4): 0.1, ("bwd", 2): 0.1}
 #: The share of the staged kernel's ``capacity`` the held columns fill, by direction: forward 0.9
 #: against a full fill +0.6 points of copy at fp32 8M, 0 to -0.6 at 16M-64M (session 17, H200); the
@@ -121,10 +122,10 @@ def held_split(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     if HELD_MIN_SHARE[direction, F.element_size(a, b)] is None or not S.available(a, b, out):
         return False  # (checked first: the forward's long rows come here on every call)
     captured = a.is_cuda and torch.cuda.is_current_stream_capturing()  # (its host cost paid once)
-    _, held, launches = S.memo(
+    _, held, launches = memo(
         "held", (a, b, out), (direction, tuple(HELD_MIN_SHARE.items()), tuple(HELD_FILL.items()), HELD_MIN_BYTES,
                               HELD_MIN_ROWS_CAPTURED, captured),
-        lambda: _plan(direction, a, b, out, captured))
+        lambda: _plan(direction, a, b, out, captured), S.plan_knobs())
     if not held:
         return False
     first, staged, second = launches

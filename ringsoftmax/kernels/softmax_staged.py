@@ -57,7 +57,6 @@ outputs contiguous in the input dtype (dy.dtype backward); lse (M,) float32; mat
 """
 from __future__ import annotations
 
-import copy
 import functools
 
 import torch
@@ -70,6 +69,7 @@ from .gluon_compat import (TensorDescriptor, async_copy, cp_async as _cp_async, 
                            fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load)
 from .hostmath import cdiv, next_power_of_2
 from .launcher import launch_kernel
+from .plan_memo import memo
 
 #: Configurations, by direction and element size (the larger of y and dy backward), each a list of
 #: (shortest row, config) in increasing row length: the last entry whose row length is reached applies.
@@ -1614,7 +1614,7 @@ def launch(direction: str, a, b, out, lse, config=None, prior=None) -> bool:
     row's (forward max and sum, backward dot and 1).
     """
     plan = memo("launch", (a, b, out), (direction, config, prior is None),
-                lambda: _launch_plan(direction, a, b, out, lse, config, prior))
+                lambda: _launch_plan(direction, a, b, out, lse, config, prior), plan_knobs())
     if plan is None:
         return False
     launch_planned(plan, a, b, out, lse, prior)
@@ -1764,39 +1764,16 @@ def _build_key(args) -> tuple:
     return ("softmax_staged", n % 16 == 0) + F.spec_key(a, b, out)
 
 
-def memo(name: str, tensors, extra, build):
-    """``build()``, memoized by ``name``, ``extra``, every knob the plans read (``_plan_knobs``), and
-    the shape, strides, dtype, device and 16-byte alignment of ``tensors``: planning a launch
-    takes ~70 us of Python on an H200's host, as long as the GPU takes over a 16M-element bf16 row,
-    and a long row's call plans two. Cleared when it holds ``MEMO_SIZE`` plans.
-
-    The knobs are not part of the key: a plan keeps a deep copy of the knobs it was built under, and a
-    hit compares them with the current ones; a change, in place too, builds it again. (A hit costs 3.1 us
-    on the CI machine; hashing the knobs into the key cost 10.9, and a long row's call makes three.)"""
-    knobs = _plan_knobs()
-    key = (name, extra) + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
-    entry = _PLANS.get(key)
-    if entry is None or entry[0] != knobs:
-        if len(_PLANS) >= MEMO_SIZE:
-            _PLANS.clear()
-        entry = _PLANS[key] = (copy.deepcopy(knobs), build())
-    return entry[1]
-
-
-def _plan_knobs() -> tuple:
+def plan_knobs() -> tuple:
     """The module knobs that launch plans read, and ``softmax_fwd``'s that they and the held path's plans
-    of the two-pass passes (``stats_plan`` and the like) read, as they are now (references)."""
+    of the two-pass passes (``stats_plan`` and the like) read, as they are now (references): the
+    ``knobs`` of their ``plan_memo.memo``."""
     return (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, LATE_CLAIM, FOLD_DIVISION_16BIT,
             FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_CONFIGS, SLOT_SLACK, REGISTER_CAPS,
             SHIFTED_REGISTER_CAPS, SPILL_FALLBACKS, MERGE_PARTITIONS, MERGE_REGS, STAGED_CONFIG_SHIFTED,
             SUB_TILE_COST, CLAIM_MAX_ROW_SHARE, STAGED_CONFIG, STAGED_CONFIG_WHOLE,
             F.STREAM_TILE, F.STREAM_ELEMS_PER_THREAD, F.ROWS_MAX_WARPS, F.STREAM_EXACT, F.STREAM_EXP_FTZ,
-            F.STREAM_FMA_EXP, F.STREAM_ALIGNED_VECTORS, F.STREAM_SECOND_PASS_REVERSED)
-
-
-_PLANS: dict = {}
-#: Most plans ``memo`` keeps (each a few hundred bytes) before it starts again.
-MEMO_SIZE = 4096
+            F.STREAM_FMA_EXP, F.STREAM_ALIGNED_VECTORS, F.STREAM_SECOND_PASS_REVERSED, F.ROWS_TILE, F.ELEMS_PER_THREAD)
 
 
 def capacity(lag: int, programs: int) -> int:
