@@ -81,9 +81,10 @@ def test_the_walk_finds_knobs():
 @pytest.mark.parametrize("builds, knobs, keyed", [
     ((F._fwd_route, F._stats_route), F.rows_knobs, set()),
     ((B._bwd_route, B._dot_route), B.bwd_knobs, set()),
+    ((F.stats_plan, F.normalize_plan, B.dot_plan, B.elementwise_plan), F.stream_knobs, set()),
     ((S._launch_plan,), S.plan_knobs, set()),
     ((H._plan,), S.plan_knobs, HELD_KEYED),
-], ids=["forward routes", "backward routes", "staged launch", "held path"])
+], ids=["forward routes", "backward routes", "streaming passes", "staged launch", "held path"])
 def test_every_knob_a_plan_reads_is_checked(builds, knobs, keyed):
     """Each memoized plan's knob snapshot (the ``knobs`` its caller passes ``plan_memo.memo``) covers every
     module-level table or switch its build reads, so that a test or probe that changes one gets a new
@@ -144,10 +145,13 @@ def _spy(monkeypatch, module, name):
 def test_softmax_routes_planned_once_per_layout_cpu(monkeypatch):
     """``softmax_fwd`` / ``row_stats`` / ``softmax_bwd`` / ``row_dot`` plan a layout's route once (the rows
     kernel's tiles included) and launch by it on later calls; a knob change (``ROWS_MAX_N`` lowered in
-    place) plans again and sends the same rows to the split paths, values still right (float64)."""
+    place) plans again and sends the same rows to the split paths (here the two-pass passes), whose plans
+    are made once too, ``normalize``'s included; values right (float64) throughout."""
     monkeypatch.setattr(plan_memo, "_PLANS", {})
     routes = {name: _spy(monkeypatch, mod, name) for mod, name in
               ((F, "_fwd_route"), (F, "_stats_route"), (B, "_bwd_route"), (B, "_dot_route"))}
+    passes = {name: _spy(monkeypatch, mod, name) for mod, name in
+              ((F, "stats_plan"), (F, "normalize_plan"), (B, "dot_plan"), (B, "elementwise_plan"))}
     rows = _spy(monkeypatch, F, "_rows"), _spy(monkeypatch, B, "_rows")
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(3, 100, generator=gen) * 3
@@ -165,16 +169,21 @@ def test_softmax_routes_planned_once_per_layout_cpu(monkeypatch):
         assert rel_err(y, want) < 1e-5 and rel_err(lse, want_lse) < 1e-6 and rel_err(dx, want_dx) < 1e-5
         assert torch.allclose(mx[[0, 2]], x[[0, 2]].amax(-1)) and mx[1] == float("-inf") and sx[1] == 0
         assert torch.allclose(dot.double(), (yr.double() * dy.double()).sum(-1), rtol=1e-5, atol=1e-6)
+        assert rel_err(F.normalize(x, mx, sx), want) < 1e-5
 
     for _ in range(3):
         run()
     assert [len(c) for c in routes.values()] == [1, 1, 1, 1]
     assert [len(r) for r in rows] == [6, 6]          # every call on the rows kernels
+    assert [len(c) for c in passes.values()] == [0, 1, 0, 0]  # (normalize always streams)
     monkeypatch.setitem(F.ROWS_MAX_N, 4, 64)         # (in place) the forward's rows now too long for them
     monkeypatch.setattr(B, "BWD_ROWS_MAX_N", 64)     # and the backward's
-    run()
+    for _ in range(2):
+        run()
     assert [len(c) for c in routes.values()] == [2, 2, 2, 2]
     assert [len(r) for r in rows] == [6, 6]          # the split paths took them
+    # one plan per pass and layout: stats for softmax_fwd and row_stats, the dot for softmax_bwd and row_dot
+    assert [len(c) for c in passes.values()] == [1, 1, 1, 1]
 
 
 def test_memo_layout_key_sees_the_pointer_offset():

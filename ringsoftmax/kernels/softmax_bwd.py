@@ -476,7 +476,8 @@ def _two_pass_dot(y, dy, out=None, plan=None) -> torch.Tensor:
     """(M,) float32 row sums of y * dy by partial sums (into ``out`` where given); ``plan``:
     ``dot_plan(y, dy)``, where the caller keeps it."""
     m, n = y.shape
-    k, grid, kwargs, sum_grid, sum_kwargs = plan or dot_plan(y, dy)
+    k, grid, kwargs, sum_grid, sum_kwargs = plan or memo("dot", (y, dy), None, lambda: dot_plan(y, dy),
+                                                         fwd.stream_knobs())
     pd = torch.empty((m, k), dtype=torch.float32, device=y.device)
     launch_kernel(_partial_dot_kernel, grid, y, dy, pd, m, n, k, y.stride(0), dy.stride(0), **kwargs)
     delta = torch.empty(m, dtype=torch.float32, device=y.device) if out is None else out
@@ -497,7 +498,8 @@ def elementwise_plan(y, dy, dx) -> tuple:
 def _elementwise(y, dy, dx, delta, plan=None) -> None:
     """dx = y * (dy - delta) per row, (M, N) rows; ``plan``: ``elementwise_plan(y, dy, dx)``."""
     m, n = y.shape
-    grid, kwargs, k = plan or elementwise_plan(y, dy, dx)
+    grid, kwargs, k = plan or memo("elementwise", (y, dy, dx), None, lambda: elementwise_plan(y, dy, dx),
+                                   fwd.stream_knobs())
     launch_kernel(_bwd_elementwise_kernel, grid, y, dy, dx, delta, m, n, k, y.stride(0), dy.stride(0), dx.stride(0),
                   **kwargs)
 

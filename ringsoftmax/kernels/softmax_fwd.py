@@ -727,6 +727,13 @@ def stream_args(x: torch.Tensor, block_m: int, block_n: int, align: int, *output
                 EDGES=row_edges(align, x, *outputs))
 
 
+def stream_knobs() -> tuple:
+    """The knobs (as they are now) that the streaming kernels' plans read (``stats_plan``, ``normalize_plan``,
+    ``softmax_bwd``'s ``dot_plan`` and ``elementwise_plan``): the ``knobs`` of their ``plan_memo.memo``."""
+    return (STREAM_TILE, STREAM_ELEMS_PER_THREAD, ROWS_MAX_WARPS, STREAM_EXACT, STREAM_EXP_FTZ, STREAM_FMA_EXP,
+            STREAM_ALIGNED_VECTORS, STREAM_SECOND_PASS_REVERSED, ROWS_TILE, ELEMS_PER_THREAD)
+
+
 def row_align(*tensors: torch.Tensor) -> int:
     """ALIGN of the tile kernels (``tile_masks``) on (M, N) rows ``tensors`` (inputs and outputs):
     1 where Triton's specializations already let them move 16-byte vectors (N and every row stride
@@ -1026,7 +1033,8 @@ def _two_pass_stats(x, out=None, plan=None):
     rows of ``out``, a (3, M) float32 tensor, where given). ``plan``: ``stats_plan(x)``, where the
     caller keeps it."""
     m, n = x.shape
-    k, grid, kwargs, combine_grid, combine_kwargs = plan or stats_plan(x)
+    k, grid, kwargs, combine_grid, combine_kwargs = plan or memo("stats", (x,), None, lambda: stats_plan(x),
+                                                                  stream_knobs())
     pm = torch.empty((m, k), dtype=torch.float32, device=x.device)
     ps = torch.empty_like(pm)
     launch_kernel(_chunk_stats_kernel, grid, x, pm, ps, m, n, k, x.stride(0), **kwargs)
@@ -1049,7 +1057,7 @@ def normalize_plan(x, y) -> tuple:
 def _normalize_into(x, y, shift, total, plan=None) -> None:
     """y = exp(x - shift) / total per row, (M, N) rows; ``plan``: ``normalize_plan(x, y)``."""
     m, n = x.shape
-    grid, kwargs, k = plan or normalize_plan(x, y)
+    grid, kwargs, k = plan or memo("normalize", (x, y), None, lambda: normalize_plan(x, y), stream_knobs())
     launch_kernel(_normalize_kernel, grid, x, y, shift, total, m, n, k, x.stride(0), y.stride(0), **kwargs)
 
 
