@@ -3,8 +3,8 @@
 Host time varies up to 2x between processes on the lent machines (sessions 48-50), more than most host
 changes save, so two trees are compared in one process: the base tree's package is copied under another
 name (its custom-op namespace renamed with it), both are imported, and each call is timed in rounds that
-alternate between them. A batch is timed with the GPU held busy behind a sleep, so no call waits on it;
-the table gives each call's median over the rounds per tree and their ratio.
+alternate between them. A batch is timed with the GPU held busy behind a sleep (``softmax_host.host_us``), so
+no call waits on it; the table gives each call's median over the rounds per tree and their ratio.
 
     PYTHONPATH=$PWD python3 benchmarks/probes/host_ab.py --base DIR [--rounds 15] [--batch 100]
 
@@ -20,9 +20,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
+from softmax_host import host_us  # same folder
 
 import ringsoftmax
 
@@ -66,18 +66,6 @@ def calls_of(rs, x, xg, dy, y):
     }
 
 
-def batch_us(fn, batch: int, sleep_cycles: int) -> float:
-    """Host microseconds per call over ``batch`` calls, queued behind a GPU sleep."""
-    torch.cuda.synchronize()
-    torch.cuda._sleep(sleep_cycles)
-    t0 = time.perf_counter()
-    for _ in range(batch):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / batch * 1e6
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="the base tree's ringsoftmax package directory")
@@ -87,7 +75,6 @@ def main():
     a = ap.parse_args()
     base = load_copy(a.base, "ringsoftmax_base")
     trees = {"base": base, "this": ringsoftmax}
-    cycles = int(0.05 * torch.cuda.get_device_properties(0).clock_rate * 1e3)  # ~50 ms of GPU sleep
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; base {a.base}; this {ringsoftmax.__file__}; "
           f"median host us per call over {a.rounds} alternating rounds of {a.batch} calls")
     print("shape | call | base | this | this / base")
@@ -113,7 +100,7 @@ def main():
             times = {tree: [] for tree in trees}
             for _ in range(a.rounds):
                 for tree in trees:
-                    times[tree].append(batch_us(calls[tree][name], a.batch, cycles))
+                    times[tree].append(host_us(calls[tree][name], a.batch, sleep_ms=50))
             med = {tree: statistics.median(v) for tree, v in times.items()}
             print(f"{spec} | {name} | {med['base']:.1f} | {med['this']:.1f} | {med['this'] / med['base']:.2f}",
                   flush=True)

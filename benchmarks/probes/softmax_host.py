@@ -42,10 +42,11 @@ def sleep_cycles(ms: float) -> int:
     return int(ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
 
 
-def host_us(fn, calls: int = 30) -> float:
-    """Microseconds of host time per call, the GPU held busy behind a long sleep meanwhile."""
+def host_us(fn, calls: int = 30, sleep_ms: float = 400) -> float:
+    """Microseconds of host time per call over ``calls`` calls, the GPU held busy behind a sleep of ``sleep_ms``
+    meanwhile (so that no call waits on it)."""
     torch.cuda.synchronize()
-    torch.cuda._sleep(sleep_cycles(400))
+    torch.cuda._sleep(sleep_cycles(sleep_ms))
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
