@@ -134,6 +134,27 @@ def test_plan_memo_keys_cpu(monkeypatch):
     assert plan(base, extra="z") == 14
 
 
+def test_plans_share_knob_snapshots(monkeypatch):
+    """A plan built under knobs equal to an earlier plan's takes that plan's copy of them: calls whose
+    shapes keep changing (a new plan each) do not copy the knobs each time; a knob change makes a new
+    copy, and the old plans still see it as a change."""
+    monkeypatch.setattr(plan_memo, "_PLANS", {})
+    monkeypatch.setattr(plan_memo, "_SNAPSHOTS", [])
+    for m in range(1, 6):
+        plan_memo.memo("test", (torch.empty(m, 8),), None, lambda: m, F.rows_knobs())
+    assert len(plan_memo._SNAPSHOTS) == 1 and len(plan_memo._PLANS) == 5
+    assert {id(entry[0]) for entry in plan_memo._PLANS.values()} == {id(plan_memo._SNAPSHOTS[0])}
+    assert plan_memo._SNAPSHOTS[0] is not F.rows_knobs()[2] and plan_memo._SNAPSHOTS[0] == F.rows_knobs()
+    monkeypatch.setitem(F.ROWS_TILE, 4, F.ROWS_TILE[4] // 2)          # (in place: the copies keep the old value)
+    assert plan_memo.memo("test", (torch.empty(1, 8),), None, lambda: "again", F.rows_knobs()) == "again"
+    assert plan_memo.memo("test", (torch.empty(2, 8),), None, lambda: "again", F.rows_knobs()) == "again"
+    assert len(plan_memo._SNAPSHOTS) == 2
+    monkeypatch.setattr(plan_memo, "SNAPSHOTS_SIZE", 2)
+    monkeypatch.setitem(F.ROWS_TILE, 4, F.ROWS_TILE[4] // 2)
+    assert plan_memo.memo("test", (torch.empty(3, 8),), None, lambda: 0, F.rows_knobs()) == 0
+    assert len(plan_memo._SNAPSHOTS) == 1  # (full: started again)
+
+
 def _spy(monkeypatch, module, name):
     """Count the calls of ``module.name`` (the calls go on to it)."""
     calls, real = [], getattr(module, name)

@@ -13,8 +13,11 @@ import copy
 
 #: Most plans ``memo`` keeps (each a few hundred bytes) before it starts again.
 MEMO_SIZE = 4096
+#: Most knob snapshots ``memo`` keeps for plans to share.
+SNAPSHOTS_SIZE = 64
 
 _PLANS: dict = {}
+_SNAPSHOTS: list = []  # deep copies of the knobs plans were built under, shared by the plans built under equal knobs
 
 
 def layout_key(tensors) -> tuple:
@@ -32,6 +35,8 @@ def memo(name: str, tensors, extra, build, knobs: tuple):
     The knobs are not part of the key: a plan keeps a deep copy of the knobs it was built under, and a
     hit compares them with the current ones, so a change, in place too, builds it again. (A hit costs
     3.1 us on the CI machine with the staged plans' 31 knobs; hashing them into the key cost 10.9.)
+    Plans built under equal knobs share one copy (``snapshot``): copying takes 22-400 us there, more than
+    most builds, and calls whose shapes keep changing build a plan each time.
     ``tests/test_plan_memo.py`` checks that each caller's knobs cover every module-level name its build
     reads."""
     key = (name, extra) + layout_key(tensors)
@@ -39,5 +44,17 @@ def memo(name: str, tensors, extra, build, knobs: tuple):
     if entry is None or entry[0] != knobs:
         if len(_PLANS) >= MEMO_SIZE:
             _PLANS.clear()
-        entry = _PLANS[key] = (copy.deepcopy(knobs), build())
+        entry = _PLANS[key] = (snapshot(knobs), build())
     return entry[1]
+
+
+def snapshot(knobs: tuple) -> tuple:
+    """A deep copy of ``knobs``: a kept one that equals them, else a new one (kept; the kept copies are
+    dropped when they number ``SNAPSHOTS_SIZE``)."""
+    for kept in _SNAPSHOTS:
+        if kept == knobs:
+            return kept
+    if len(_SNAPSHOTS) >= SNAPSHOTS_SIZE:
+        _SNAPSHOTS.clear()
+    _SNAPSHOTS.append(copy.deepcopy(knobs))
+    return _SNAPSHOTS[-1]
