@@ -1,7 +1,6 @@
 """Launch plans kept per layout (``kernels/plan_memo.py``): what a plan is keyed on, that every knob a plan
 reads is checked on each hit, and that the softmax launchers plan a layout once yet follow a knob change."""
 import dis
-import importlib
 import inspect
 import os
 import re
