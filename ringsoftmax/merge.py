@@ -111,10 +111,9 @@ def merge_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out_b: torch.Tensor, ls
     accumulators, or ``RINGSOFTMAX_BACKEND=triton``) this is the fused kernel of ``kernels/merge.py``,
     which computes the same rule in one pass; otherwise the torch formula above.
     """
-    from .backend import use_triton
+    from .backend import kernel_merge_, use_triton
     if acc_out.dtype == torch.float32 and use_triton(acc_out):
-        from .kernels.merge import merge_ as fused
-        fused(acc_out, acc_lse, out_b, lse_b)
+        kernel_merge_()(acc_out, acc_lse, out_b, lse_b)
         return
     out, lse = merge(acc_out, acc_lse, out_b, lse_b)
     acc_out.copy_(out)

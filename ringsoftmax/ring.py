@@ -75,6 +75,10 @@ def device_error(pg, t: torch.Tensor) -> str | None:
     backend = dist.get_backend(pg)
     if backend == "nccl" and not t.is_cuda:
         return f"tensors are on {t.device} but the process group uses NCCL: move them to this rank's GPU"
+    if backend == "nccl" and t.device.index != torch.cuda.current_device():
+        return (f"tensors are on {t.device} but this rank's current CUDA device is cuda:{torch.cuda.current_device()}, "
+                f"where the ring's collectives run: call torch.cuda.set_device({t.device.index}) first (each rank "
+                "one GPU), or move the tensors there")
     if backend == "gloo" and t.is_cuda:
         return "tensors are on CUDA but the process group uses gloo: initialize it with backend='nccl'"
     return None
