@@ -1,8 +1,9 @@
-"""Tensors on a CUDA device that is not the current one: the kernels run on the tensors' device.
+"""Where the kernels run: on the tensors' CUDA device, current or not, and on its current stream.
 
 Triton launches on the current device and its current stream. On the CPU the device switch is checked with
 stand-ins for torch.cuda's device functions; with two GPUs, the public calls run on cuda:1 while cuda:0 is
 current, their inputs written on cuda:1's stream just before (a launch on cuda:0's stream would not wait).
+On one GPU, calls made under a side stream run on it, after the work queued there.
 """
 import contextlib
 import types
@@ -92,6 +93,26 @@ def _late_on(device, src):
         torch.cuda._sleep(int(50e-3 * torch.cuda.get_device_properties(device).clock_rate * 1e3))
         x.copy_(src)
     return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(37, 1000), (4, 1 << 20), (16, 1 << 22)])
+def test_softmax_on_a_side_stream(m, n):
+    """Under ``torch.cuda.stream(side)`` every launch of a call (several for long rows) runs on ``side``."""
+    src = torch.randn(m, n, device="cuda") * 30
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x = _late_on(src.device, src).requires_grad_()
+        y, lse = rs.softmax_with_lse(x)
+        dy = _late_on(src.device, torch.randn_like(src))
+        y.backward(dy)
+    torch.cuda.current_stream().wait_stream(side)
+    want_y, want_lse = softmax64(src, -1)
+    assert_close("y", y, want_y, 1e-6)
+    assert_close("lse", lse, want_lse, 1e-6)
+    want_dx = want_y * (dy.double() - (dy.double() * want_y).sum(-1, keepdim=True))
+    assert_close("dx", x.grad, want_dx, 1e-5)
 
 
 needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
