@@ -29,6 +29,18 @@ def softmax64(x: torch.Tensor, dim: int):
     return torch.exp(x - safe.unsqueeze(dim)), lse
 
 
+def softmax_grad64(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """float64 gradient of softmax rows (last dim) given its output y and output gradient dy:
+    y * (dy - rowsum(dy * y))."""
+    y, dy = y.double(), dy.double()
+    return y * (dy - (dy * y).sum(-1, keepdim=True))
+
+
+def gpu_sleep(seconds: float, device=0) -> None:
+    """Queue a kernel that spins ~``seconds`` on ``device``'s current stream (work queued after it waits)."""
+    torch.cuda._sleep(int(seconds * torch.cuda.get_device_properties(device).clock_rate * 1e3))
+
+
 def attention64(q, k, v, causal=False, scale=None, q_pos=None, k_pos=None):
     """Naive float64 attention with explicit global positions: (out (B,Sq,H,D), lse (B,H,Sq))."""
     q, k, v = q.double(), k.double(), v.double()

@@ -9,7 +9,7 @@ import torch
 import ringsoftmax as rs
 from ringsoftmax import reference
 
-from helpers import assert_close, attention64, softmax64
+from helpers import assert_close, attention64, gpu_sleep, softmax64
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
@@ -124,7 +124,7 @@ def test_attention_varlen_lengths_on_the_cpu_do_not_wait_gpu():
     q, k, v = (torch.randn(1377, h, 64, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
     want, want_lse = rs.attention_varlen(q, k, v, cu.cuda(), causal=True)   # (also compiles the kernels)
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(0.2 * torch.cuda.get_device_properties(0).clock_rate * 1e3))
+    gpu_sleep(0.2)
     start = time.perf_counter()
     out, lse = rs.attention_varlen(q, k, v, cu, causal=True)
     host = time.perf_counter() - start
