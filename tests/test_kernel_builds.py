@@ -37,8 +37,9 @@ def test_sm90_builds_spill_no_more_than_known():
 
 
 def test_sm90_builds_cover_the_tables():
-    """Every config of the tables is built (as loaded by TMA and by cp.async where it takes both), with
-    the fixed units of the lag-1 rings, the priors of the held path and the merging partitions."""
+    """Every config of the tables is built (as loaded by TMA and by cp.async where it takes both), as every
+    GPU model takes the tables, with the fixed units of the lag-1 rings, the priors of the held path and the
+    merging partitions."""
     sys.path.insert(0, str(PROBE.parent))
     try:
         import sm90_builds as B
@@ -48,7 +49,10 @@ def test_sm90_builds_cover_the_tables():
 
     specs = B.table_builds()
     built = {(d, e, c, tma, shifted) for d, e, _, c, tma, shifted, _, _ in specs}
-    for table, shifted in ((S.STAGED_CONFIG, False), (S.STAGED_CONFIG_SHIFTED, True)):
+    tables = [(table, shifted) for gpu in (None, *S.STAGED_CONFIG_GPU)  # (as each GPU model takes them)
+              for table, shifted in zip(S.gpu_tables(gpu), (False, True))]
+    assert len(tables) > 2  # (some model has entries of its own)
+    for table, shifted in tables:
         for (direction, elem), entries in table.items():
             for i, (_, entry) in enumerate(entries):
                 for config in S.alternatives(entry) if entry is not None else []:

@@ -965,6 +965,89 @@ def test_staged_table_fits_and_checks_its_config_cpu():
             S.launch("fwd", x, x, torch.empty_like(x), torch.empty(2), (chunk, warps, 3, 1, 1, False))
 
 
+def _holds_on_132(direction: str, elem: int, config, n: int, shifted: bool) -> bool:
+    """Whether one launch of ``config`` holds rows of ``n`` on an H100 / H200 (132 multiprocessors of 228 KB,
+    1 KB a block reserved, ~640 B of the kernel's own beside the slots); shifted rows count 16 bytes more."""
+    per_sm = 233472 // (S.slot_bytes(direction, elem, config) - S.SLOT_SLACK + 640 + 1024)
+    return cdiv(n + (16 // elem - 1 if shifted else 0), config[0]) <= S.capacity(config[4], 132 * per_sm)
+
+
+def test_staged_gpu_entries_cpu():
+    """A GPU model's ``STAGED_CONFIG_GPU`` entries are taken on that model only, at their lengths and up to the
+    table's next entry, in place of the table's entries of the same length; the rest of the table stays; each
+    entry is a config the kernel has, that fits a Hopper block and holds the rows it takes on an H100 / H200
+    (132 multiprocessors). So does every entry of the shifted table but its last (past which the held path
+    takes the rows), as each model takes it."""
+    hopper = 232448
+    assert S.gpu_tables(None) == (S.STAGED_CONFIG, S.STAGED_CONFIG_SHIFTED)
+    assert S.gpu_tables("NVIDIA H100 PCIe") == (S.STAGED_CONFIG, S.STAGED_CONFIG_SHIFTED)  # (no entries of its own)
+    assert S.STAGED_CONFIG_GPU
+    for gpu, own in S.STAGED_CONFIG_GPU.items():
+        main, shifted_table = S.gpu_tables(gpu)
+        for (name, direction, elem), entries in own.items():
+            table = {"main": S.STAGED_CONFIG, "shifted": S.STAGED_CONFIG_SHIFTED}[name][direction, elem]
+            merged = (main if name == "main" else shifted_table)[direction, elem]
+            lengths, replaced = [n for n, _ in merged], {n for n, _ in entries}
+            assert lengths == sorted(lengths) and lengths[0] == 0
+            kept = [e for e in table if e[0] not in replaced]  # the table's other entries, in order
+            assert [e for e in merged if e[0] not in replaced] == kept and len(merged) == len(kept) + len(entries)
+            assert [e for e in merged if e[0] in replaced] == sorted(entries, key=lambda e: e[0])
+            shifted = name == "shifted"
+            for i, (n, config) in enumerate(entries):
+                assert config[2:5] in S.RINGS and S.slot_bytes(direction, elem, config) <= hopper
+                assert config[0] % (32 * config[1] * 16 // elem) == 0
+                assert not shifted or not config[5]
+                end = min([k for k, _ in merged if k > n] + [1 << 40]) - 1
+                for length in (n, (n + end) // 2 | 1, end) if end < 1 << 40 else (n,):
+                    got = S.staged_config(direction, elem, length, tma=not shifted, shifted=shifted, gpu=gpu)
+                    assert got == config, (gpu, name, direction, elem, length)
+                    assert _holds_on_132(direction, elem, config, length, shifted), (gpu, length, config)
+    for gpu in (None, *S.STAGED_CONFIG_GPU):
+        for (direction, elem), entries in S.gpu_tables(gpu)[1].items():
+            for (n, entry), (after, _) in zip(entries, entries[1:]):
+                for config in S.alternatives(entry) if entry is not None else ():
+                    assert _holds_on_132(direction, elem, config, after - 1, True), (gpu, direction, elem, n, config)
+    # the H100's: the bf16 forward's lag 5 of 8192 from 2097153 (aligned rows; shifted rows from 4194305, where
+    # they take the main table),
+    # the bf16 backward's shifted rows of 2883585-4325369 in chunks of 8192
+    h100 = "NVIDIA H100 80GB HBM3"
+    for gpu, want in ((h100, (8192, 4, 7, 1, 5)), (None, (8192, 4, 4, 1, 3)), ("NVIDIA H200", (8192, 4, 4, 1, 3))):
+        assert S.staged_config("fwd", 2, 5000192, gpu=gpu)[:5] == want
+        assert S.staged_config("fwd", 2, 5000011, tma=False, shifted=True, gpu=gpu)[:5] == want
+    assert S.staged_config("fwd", 2, 3000064, gpu=h100)[:5] == (8192, 4, 7, 1, 5)
+    assert S.staged_config("fwd", 2, 3000064)[:5] == S.staged_config("fwd", 2, 3000017, tma=False, shifted=True,
+                                                                     gpu=h100)[:5] == (16384, 4, 3, 1, 2)
+    assert [S.staged_config("bwd", 2, n, tma=False, shifted=True, gpu=h100)[:2]
+            for n in (2883583, 2883585, 4194305, 4325369, 4325371)] == [(4096, 4), (8192, 4), (8192, 4), (8192, 4),
+                                                                        (4096, 4)]
+    assert S.staged_config("bwd", 2, 3000064, gpu=h100) == S.staged_config("bwd", 2, 3000064)  # (aligned: the table)
+
+
+@pytest.mark.gpu
+def test_staged_gpu_entries_gpu(poisoned, monkeypatch):
+    """An entry of ``STAGED_CONFIG_GPU`` under this GPU's name is what the library launches (and not under
+    another name); the plans made before it do not outlive it."""
+    n, here = 100000, S.gpu_model(torch.cuda.current_device())
+    x = make_x(4, n, torch.float32, "cuda", scale=30.0)
+    table = S.launch_config("fwd", x, x)
+    other = (4096, 4, 3, 1, 1, False) if table[0] != 4096 else (8192, 4, 3, 1, 1, False)
+    entry = {("main", "fwd", 4): [(65536, other)]}
+    for name, want in (("another GPU", table), (here, other)):
+        monkeypatch.setattr(S, "STAGED_CONFIG_GPU", {name: entry})
+        assert S.launch_config("fwd", x, x) == want
+        launched, real = [], S.launch_planned
+
+        def spy(plan, *args, **kwargs):
+            launched.append(plan[3]["CHUNK"])
+            return real(plan, *args, **kwargs)
+        monkeypatch.setattr(S, "launch_planned", spy)
+        y, lse = F.softmax_fwd(x)
+        monkeypatch.setattr(S, "launch_planned", real)
+        check_fwd(x, y, lse, TOL[torch.float32])
+        assert launched == [want[0]]
+    assert F.sync_failures("cuda") == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -1017,7 +1100,8 @@ def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     big, y = framed()
     assert S.available(x, x, y) and S.tma_width(n, 8192, x) == 0  # (by cp.async)
     elem = x.element_size()
-    assert S.launch_config("fwd", x, x, y) == S.staged_config("fwd", elem, n, tma=False, shifted=True)
+    assert S.launch_config("fwd", x, x, y) == S.staged_config("fwd", elem, n, tma=False, shifted=True,
+                                                              gpu=S.gpu_model(torch.cuda.current_device()))
     lse = torch.empty(m, device="cuda")
     assert S.launch("fwd", x, x, y, lse)
     check_fwd(x, y.contiguous(), lse, TOL[dtype])
@@ -1133,10 +1217,11 @@ def test_staged_deep_rings_gpu(direction, dtype, poisoned):
     """Rows just past the start of each of the table's deep rings (lag >= 3: several chunks of a row
     per program; the 16-bit forward's lag 3 and 4 in 4 slots with their registers capped) go through
     the library's softmax, right and with no wait given up."""
-    elem = torch.finfo(dtype).bits // 8
-    for start in sorted({n for n, config in S.STAGED_CONFIG[(direction, elem)] if config[4] >= 3}):
+    elem, gpu = torch.finfo(dtype).bits // 8, S.gpu_model(torch.cuda.current_device())
+    main = S.gpu_tables(gpu)[0]  # (the table as this GPU model takes it)
+    for start in sorted({n for n, config in main[(direction, elem)] if config[4] >= 3}):
         n = -(-start // 256) * 256 + 4096  # a multiple of 256: TMA rows on Hopper
-        want = S.staged_config(direction, elem, n)
+        want = S.staged_config(direction, elem, n, gpu=gpu)
         x = make_x(3, n, dtype, "cuda", scale=30.0)
         if direction == "fwd":
             assert S.launch_config("fwd", x, x)[4] >= 3
@@ -1160,14 +1245,15 @@ def test_staged_shifted_deep_rings_gpu(direction, dtype, poisoned, monkeypatch):
     the last one's start, past its capacity, take the held path with it (``HELD_MIN_BYTES`` lowered for
     small M)."""
     monkeypatch.setattr(H, "HELD_MIN_BYTES", 0)
-    elem = torch.finfo(dtype).bits // 8
-    deep = [n for n, c in S.STAGED_CONFIG_SHIFTED[direction, elem] if c is not None and S.alternatives(c)[0][4] >= 3]
+    elem, gpu = torch.finfo(dtype).bits // 8, S.gpu_model(torch.cuda.current_device())
+    shifted_table = S.gpu_tables(gpu)[1]  # (the table as this GPU model takes it)
+    deep = [n for n, c in shifted_table[direction, elem] if c is not None and S.alternatives(c)[0][4] >= 3]
     assert deep
     for n in [start + 1 + start % 2 for start in deep] + [2 * deep[-1] + 1]:
         x = make_x(3, n, dtype, "cuda", scale=30.0)
         a, b = (x, x) if direction == "fwd" else softmax_pair(3, n, dtype, "cuda")
         config = S.launch_config(direction, a, b)
-        assert F.row_align(a, b) > 1 and config == S.staged_config(direction, elem, n, tma=False, shifted=True)
+        assert F.row_align(a, b) > 1 and config == S.staged_config(direction, elem, n, tma=False, shifted=True, gpu=gpu)
         assert (H.held_width(direction, a, b, torch.empty_like(b), config) > 0) == (n > 2 * deep[-1])
         if direction == "fwd":
             y, lse = F.softmax_fwd(x)

@@ -1,6 +1,7 @@
 """Compile the softmax and attention kernels' builds for sm_90 without a GPU: registers, spill, instructions.
 
-Every config the tables (``softmax_staged.STAGED_CONFIG``, ``_SHIFTED``, ``_WHOLE``) give some row,
+Every config the tables (``softmax_staged.STAGED_CONFIG``, ``_SHIFTED``, ``_WHOLE``, and as GPU models take
+them, ``_GPU``) give some row,
 in each build a launch of it can take: loads by TMA and by cp.async (where the config is not
 ``tma_only``), rows 16-byte aligned or not (ALIGN), units claimed or fixed (lag 1), a merging
 partition or none (``MERGE_PARTITIONS``, by row length), with a prior (the held path, the tables'
@@ -74,11 +75,23 @@ def _lengths(lo: int, hi: int, key, shifted: bool) -> list[int]:
 
 
 def table_builds(only: str | None = None) -> list[tuple]:
-    """(direction, elem, n, config, tma, shifted, claim, prior) of every build the tables ask for."""
+    """(direction, elem, n, config, tma, shifted, claim, prior) of every build the tables ask for, as every GPU
+    model takes them (the tables, and with each model's ``STAGED_CONFIG_GPU`` entries), each build once."""
     from ringsoftmax.kernels import softmax_staged as S
 
     builds = []
-    tables = ((S.STAGED_CONFIG, False), (S.STAGED_CONFIG_WHOLE, False), (S.STAGED_CONFIG_SHIFTED, True))
+    for gpu in (None, *S.STAGED_CONFIG_GPU):
+        builds += _gpu_table_builds(gpu, only)
+    return list(dict.fromkeys(builds))
+
+
+def _gpu_table_builds(gpu: str | None, only: str | None) -> list[tuple]:
+    """``table_builds`` of the tables as GPU model ``gpu`` takes them (``softmax_staged.gpu_tables``)."""
+    from ringsoftmax.kernels import softmax_staged as S
+
+    builds = []
+    main, shifted_table = S.gpu_tables(gpu)
+    tables = ((main, False), (S.STAGED_CONFIG_WHOLE, False), (shifted_table, True))
     for table, shifted in tables:
         for (direction, elem), entries in table.items():
             if only and only != f"{direction}/{elem}":
@@ -100,7 +113,7 @@ def table_builds(only: str | None = None) -> list[tuple]:
                                 for prior in ([False, True] if last else [False]):
                                     builds.append((direction, elem, n, tuple(config), tma, shifted, claim, prior))
                         builds += _fallback_builds(direction, elem, n, config, shifted, last)
-    return builds + _shifted_gap_builds(only)
+    return builds + _shifted_gap_builds(main, shifted_table, only)
 
 
 def _claims(config) -> list[bool]:
@@ -108,16 +121,17 @@ def _claims(config) -> list[bool]:
     return [True, False] if config[4] == 1 else [True]
 
 
-def _shifted_gap_builds(only: str | None) -> list[tuple]:
-    """Builds of shifted rows where ``STAGED_CONFIG_SHIFTED`` has no config (its None entries): those rows
-    take the main table's configs that are not ``tma_only``, by cp.async, shifted."""
+def _shifted_gap_builds(main_table: dict, shifted_table: dict, only: str | None) -> list[tuple]:
+    """Builds of shifted rows where the shifted table (``STAGED_CONFIG_SHIFTED`` as a GPU takes it) has no
+    config (its None entries): those rows take the main table's configs that are not ``tma_only``, by
+    cp.async, shifted."""
     from ringsoftmax.kernels import softmax_staged as S
 
     builds = []
-    for (direction, elem), shifted_entries in S.STAGED_CONFIG_SHIFTED.items():
+    for (direction, elem), shifted_entries in shifted_table.items():
         if only and only != f"{direction}/{elem}":
             continue
-        main = [(s, c) for s, c in S.STAGED_CONFIG[direction, elem] if not S.tma_only(direction, elem, c)]
+        main = [(s, c) for s, c in main_table[direction, elem] if not S.tma_only(direction, elem, c)]
         for i, (start, entry) in enumerate(shifted_entries):
             if entry is not None:
                 continue

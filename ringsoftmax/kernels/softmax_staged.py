@@ -280,24 +280,54 @@ STAGED_CONFIG = {
 #:   (-8.9 to -13.2 on 3.9, -0.6 to -2.4 on 3.6).
 #: - Not taken: the bf16 backward's lag 5 of 8192 in place of 4096 (H100 +2.5 to +10.7 points at 3M-4.19M on
 #:   both releases; H200 -2.4 to -7.6 at 2.5M-4.19M on 3.6, -4.9 to -12.4 at 2.5M-3.6M on 3.9, +2.6 at 4194305).
+#: Session 52: a deep ring hands its rows to the next where it is full, which for shifted rows (their chunks
+#: count N + ALIGN - 1 columns) is ALIGN - 1 columns before the aligned rows' limit: the last few lengths
+#: before 5406721 / 8650753 / 10813441 / 2703361 went through the held path (the launch refused them).
 STAGED_CONFIG_SHIFTED = {
     ("fwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
                  (73728, (8192, 4, 3, 1, 1, False)), (262144, None),
-                 (4194305, (4096, 4, 7, 1, 6, False)), (5406721, (4096, 4, 7, 1, 7, False))],
+                 (4194305, (4096, 4, 7, 1, 6, False)), (5406718, (4096, 4, 7, 1, 7, False))],
     ("fwd", 2): [(0, (8192, 4, 3, 1, 1, False)),
                  (20481, ((8192, 4, 3, 1, 1, False), (9216, 4, 3, 1, 1, False), (10240, 4, 3, 1, 1, False),
                           (12288, 4, 3, 1, 1, False))),
                  (524288, (16384, 4, 3, 1, 2, False)), (4194305, None),
-                 (5767169, (8192, 4, 7, 1, 5, False)), (8650753, (8192, 4, 7, 1, 6, False)),
-                 (10813441, (8192, 4, 7, 1, 7, False))],
+                 (5767169, (8192, 4, 7, 1, 5, False)), (8650746, (8192, 4, 7, 1, 6, False)),
+                 (10813434, (8192, 4, 7, 1, 7, False))],
     ("bwd", 4): [(0, (4096, 4, 3, 1, 1, False)), (32769, (4608, 4, 3, 1, 1, False)),
                  (110000, (4096, 4, 3, 1, 1, False)), (196608, (4096, 4, 3, 1, 2, False)),
                  (262144, (4096, 4, 7, 1, 5, False)), (2097153, (4096, 4, 7, 1, 6, False)),
-                 (2703361, (4096, 4, 7, 1, 7, False))],
+                 (2703358, (4096, 4, 7, 1, 7, False))],
     ("bwd", 2): [(0, (4096, 4, 3, 1, 1, False)), (32769, (6144, 4, 3, 1, 1, False)),
                  (100000, ((6144, 4, 3, 1, 1, False), (8192, 4, 3, 1, 1, False))), (262144, (4096, 4, 4, 1, 2, False)),
                  (1048577, (4096, 4, 7, 1, 5, False)), (4194305, (4096, 4, 7, 1, 6, False)),
-                 (5406721, (4096, 4, 7, 1, 7, False))],
+                 (5406714, (4096, 4, 7, 1, 7, False))],
+}
+#: Entries of the tables for one GPU model, where it measured other winners than the H200 that the tables
+#: follow (the issue's GPU), keyed by the name CUDA gives the device (``gpu_model``; other models of a family,
+#: e.g. an H100 PCIe, take the tables as they are): by table ("main": ``STAGED_CONFIG``, "shifted":
+#: ``STAGED_CONFIG_SHIFTED``) and (direction, element size), (shortest row, config) entries merged into the
+#: table's by length, where they take the place of the table's entries of the same length (``gpu_tables``).
+#: H100 SXM (the H200 lost with each: session 46, ``-s46-call3-winners.log``), ``knobs.py``, % of copy against the
+#: tables' configs, triton 3.6 unless said:
+#: - bf16 forward, lag 5 of 8192 from 2097153 (the tables: lag 2 of 16384, from 4194305 lag 3 in 4 slots, from
+#:   6029313 lag 5). Aligned rows (TMA), session 52 (``-s52-call1-gpu-entries.log``, 3 rounds): 97.8 / 97.8 / 96.6 /
+#:   97.3 / 95.5 against 94.1 / 95.7 / 82.0 / 88.4 / 88.1 at 4194560 / 4718592 / 5000192 / 5767168 / 6029312;
+#:   (``-s52-call2-below-4m-tests.log``, 5 rounds) 97.7-97.8 against 96.0-96.8 at 2097408-4194304. Shifted rows
+#:   (by cp.async; below 4194305 they keep ``STAGED_CONFIG_SHIFTED``'s lag 2 of 16384, a tie there): 93.2 / 91.3 /
+#:   88.7 against 92.3 / 77.6 / 75.3 at 4194305 / 5000011 / 5767167 (on 3.9 they take it already, ``SPILL_FALLBACKS``).
+#:   The H200 (session 46): 84.0-84.9 against 89.1-90.4 aligned at 4.19M-6.03M.
+#: - bf16 backward, shifted rows, lag 5 of 8192 (one program per multiprocessor; rows to 4325369) from 2883585
+#:   (the tables: lag 5 of 4096, from 4194305 lag 6), session 52 call 1: 89.3 / 88.0 / 89.6 / 87.8 / 87.3 against
+#:   84.4 / 77.9 / 81.6 / 84.7 / 87.2 at 2883585 / 3000017 / 3600001 / 4194305 / 4325369; from 2621441 it lost
+#:   (87.2 / 87.5 against 88.8 / 91.3 at 2621441 / 2750003). Session 46 on 3.9: 88.2 / 89.6 / 88.1 against 85.7 /
+#:   82.1 / 77.6 at 3000017 / 3600001 / 4194305. The H200: -2.4 to -12.4 at 2.5M-3.6M.
+#: - Not taken: the bf16 backward's aligned rows in chunks of 8192 (TMA) from 2621441, -0.3 to +1.6 (call 1).
+STAGED_CONFIG_GPU = {
+    "NVIDIA H100 80GB HBM3": {
+        ("main", "fwd", 2): [(2097153, (8192, 4, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 5, True))],
+        ("shifted", "bwd", 2): [(2883585, (8192, 4, 7, 1, 5, False)), (4194305, (8192, 4, 7, 1, 5, False)),
+                                (4325370, (4096, 4, 7, 1, 6, False))],  # (4325369: the 8192s' ring full)
+    },
 }
 #: Configs that give way to another where their build spills registers on the triton installed (its
 #: ptxas and flags: triton 3.9 passes ``--regAllocOptLevel=2``, and there these builds spill where 3.6's do
@@ -1471,27 +1501,50 @@ def available(*tensors: torch.Tensor) -> bool:
 
 
 def staged_config(direction: str, elem: int, n: int, tma: bool = True, max_shared: int | None = None,
-                  shifted: bool = False) -> tuple:
+                  shifted: bool = False, gpu: str | None = None) -> tuple:
     """The table's config for rows of ``n`` elements of ``elem`` bytes (see ``STAGED_CONFIG``);
     without ``tma`` (rows that cannot take TMA loads), entries that are ``tma_only`` are passed over,
     and so are entries whose slots need more than ``max_shared`` bytes (a block's shared memory on
     the device; None: no limit). With ``tma``, rows of a whole number of chunks take
     ``STAGED_CONFIG_WHOLE``'s entry where it has one; ``shifted``: rows not 16-byte aligned, which take
-    ``STAGED_CONFIG_SHIFTED``'s entry where it has one."""
+    ``STAGED_CONFIG_SHIFTED``'s entry where it has one. ``gpu``: the GPU model's name (``gpu_model``), whose
+    ``STAGED_CONFIG_GPU`` entries the tables take (None: the tables as they are)."""
     def fits(config):
         return max_shared is None or slot_bytes(direction, elem, config) <= max_shared
 
     whole = _entry(STAGED_CONFIG_WHOLE, direction, elem, n) if tma else None
     if whole is not None and n % whole[0] == 0 and fits(whole):
         return whole
-    own = _entry(STAGED_CONFIG_SHIFTED, direction, elem, n) if shifted else None
+    main, shifted_table = gpu_tables(gpu)
+    own = _entry(shifted_table, direction, elem, n) if shifted else None
     if own is not None:
         # (shifted rows span up to 16 bytes more: their chunks start on 16 bytes, ``_row_start``)
         own = least_padded(direction, elem, n + 16 // elem - 1, [c for c in alternatives(own) if fits(c)])
         if own is not None:
             return own
-    return [config for shortest, config in STAGED_CONFIG[(direction, elem)]
+    return [config for shortest, config in main[(direction, elem)]
             if n >= shortest and (tma or not tma_only(direction, elem, config)) and fits(config)][-1]
+
+
+def gpu_tables(gpu: str | None) -> tuple[dict, dict]:
+    """(``STAGED_CONFIG``, ``STAGED_CONFIG_SHIFTED``) as GPU model ``gpu`` takes them: its ``STAGED_CONFIG_GPU``
+    entries merged into each list by length, in place of the list's entries of the same lengths (None, or a
+    model without entries: the tables themselves)."""
+    own = STAGED_CONFIG_GPU.get(gpu, {})
+    tables = {"main": STAGED_CONFIG, "shifted": STAGED_CONFIG_SHIFTED}
+    merged = {name: dict(table) for name, table in tables.items()}
+    for (name, direction, elem), entries in own.items():
+        lengths = {n for n, _ in entries}
+        kept = [e for e in tables[name].get((direction, elem), []) if e[0] not in lengths]
+        merged[name][direction, elem] = sorted(kept + list(entries), key=lambda e: e[0])  # (stable: own last)
+    return merged["main"], merged["shifted"]
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_model(index: int) -> str:
+    """The name CUDA gives device ``index`` (``torch.cuda.get_device_name``: "NVIDIA H200", "NVIDIA H100 80GB
+    HBM3"), the key of ``STAGED_CONFIG_GPU``."""
+    return torch.cuda.get_device_name(index)
 
 
 def alternatives(entry) -> list:
@@ -1536,15 +1589,16 @@ def block_shared_limit(index: int) -> int:
 def launch_config(direction: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple:
     """The table's config for (M, N) rows a, b (output ``out``, where given) (``staged_config``): a
     ``tma_only`` config only where these rows take TMA loads, ``STAGED_CONFIG_SHIFTED``'s where they
-    are not 16-byte aligned, and slots only as large as a block's shared memory on their GPU."""
+    are not 16-byte aligned, slots only as large as a block's shared memory on their GPU, and that GPU
+    model's ``STAGED_CONFIG_GPU`` entries."""
     elem, n = F.element_size(a, b), a.shape[1]
-    limit = None if not a.is_cuda else block_shared_limit(a.device.index if a.device.index is not None
-                                                          else torch.cuda.current_device())
-    config = staged_config(direction, elem, n, max_shared=limit)
+    index = (a.device.index if a.device.index is not None else torch.cuda.current_device()) if a.is_cuda else None
+    limit, gpu = (None, None) if index is None else (block_shared_limit(index), gpu_model(index))
+    config = staged_config(direction, elem, n, max_shared=limit, gpu=gpu)
     if TMA_LOADS and tma_width(n, sub_tile(config[0]), a, b):
         return config
     shifted = F.row_align(a, b, *(() if out is None else (out,))) > 1
-    return staged_config(direction, elem, n, tma=False, max_shared=limit, shifted=shifted)
+    return staged_config(direction, elem, n, tma=False, max_shared=limit, shifted=shifted, gpu=gpu)
 
 
 def sub_tile(chunk: int) -> int:
@@ -1771,7 +1825,8 @@ def plan_knobs() -> tuple:
     return (F.RESIDENT_PROGRAMS, TMA_LOADS, CLAIM, LOAD_EVICT, STORE_EVICT, LATE_CLAIM, FOLD_DIVISION_16BIT,
             FOLD_MIN_LAG, WORDS_BLOCK, MAX_PROGRAMS_PER_ROW, RINGS, TMA_ONLY_CONFIGS, SLOT_SLACK, REGISTER_CAPS,
             SHIFTED_REGISTER_CAPS, SPILL_FALLBACKS, MERGE_PARTITIONS, MERGE_REGS, STAGED_CONFIG_SHIFTED,
-            SUB_TILE_COST, CLAIM_MAX_ROW_SHARE, STAGED_CONFIG, STAGED_CONFIG_WHOLE) + F.stream_knobs()
+            SUB_TILE_COST, CLAIM_MAX_ROW_SHARE, STAGED_CONFIG, STAGED_CONFIG_WHOLE,
+            STAGED_CONFIG_GPU) + F.stream_knobs()
 
 
 def capacity(lag: int, programs: int) -> int:
