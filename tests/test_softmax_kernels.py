@@ -993,7 +993,7 @@ def test_staged_gpu_entries_cpu():
             assert [e for e in merged if e[0] not in replaced] == kept and len(merged) == len(kept) + len(entries)
             assert [e for e in merged if e[0] in replaced] == sorted(entries, key=lambda e: e[0])
             shifted = name == "shifted"
-            for i, (n, config) in enumerate(entries):
+            for n, config in entries:
                 assert config[2:5] in S.RINGS and S.slot_bytes(direction, elem, config) <= hopper
                 assert config[0] % (32 * config[1] * 16 // elem) == 0
                 assert not shifted or not config[5]
@@ -1007,14 +1007,14 @@ def test_staged_gpu_entries_cpu():
             for (n, entry), (after, _) in zip(entries, entries[1:]):
                 for config in S.alternatives(entry) if entry is not None else ():
                     assert _holds_on_132(direction, elem, config, after - 1, True), (gpu, direction, elem, n, config)
-    # the H100's: the bf16 forward's lag 5 of 8192 from 2097153 (aligned rows; shifted rows from 4194305, where
-    # they take the main table),
-    # the bf16 backward's shifted rows of 2883585-4325369 in chunks of 8192
+    # the H100's: the bf16 forward's lag 5 of 8192 from 65537 (aligned rows; shifted rows from 4194305, where
+    # they take the main table), the bf16 backward's shifted rows of 2883585-4325369 in chunks of 8192
     h100 = "NVIDIA H100 80GB HBM3"
     for gpu, want in ((h100, (8192, 4, 7, 1, 5)), (None, (8192, 4, 4, 1, 3)), ("NVIDIA H200", (8192, 4, 4, 1, 3))):
         assert S.staged_config("fwd", 2, 5000192, gpu=gpu)[:5] == want
         assert S.staged_config("fwd", 2, 5000011, tma=False, shifted=True, gpu=gpu)[:5] == want
-    assert S.staged_config("fwd", 2, 3000064, gpu=h100)[:5] == (8192, 4, 7, 1, 5)
+    assert [S.staged_config("fwd", 2, n, gpu=h100)[:5] for n in (65536, 65792, 1048576, 3000064, 6029312)] == (
+        [(16384, 4, 3, 1, 1)] + [(8192, 4, 7, 1, 5)] * 4)
     assert S.staged_config("fwd", 2, 3000064)[:5] == S.staged_config("fwd", 2, 3000017, tma=False, shifted=True,
                                                                      gpu=h100)[:5] == (16384, 4, 3, 1, 2)
     assert [S.staged_config("bwd", 2, n, tma=False, shifted=True, gpu=h100)[:2]

@@ -309,13 +309,18 @@ STAGED_CONFIG_SHIFTED = {
 #: table's by length, where they take the place of the table's entries of the same length (``gpu_tables``).
 #: H100 SXM (the H200 lost with each: session 46, ``-s46-call3-winners.log``), ``knobs.py``, % of copy against the
 #: tables' configs, triton 3.6 unless said:
-#: - bf16 forward, lag 5 of 8192 from 2097153 (the tables: lag 2 of 16384, from 4194305 lag 3 in 4 slots, from
-#:   6029313 lag 5). Aligned rows (TMA), session 52 (``-s52-call1-gpu-entries.log``, 3 rounds): 97.8 / 97.8 / 96.6 /
-#:   97.3 / 95.5 against 94.1 / 95.7 / 82.0 / 88.4 / 88.1 at 4194560 / 4718592 / 5000192 / 5767168 / 6029312;
-#:   (``-s52-call2-below-4m-tests.log``, 5 rounds) 97.7-97.8 against 96.0-96.8 at 2097408-4194304. Shifted rows
-#:   (by cp.async; below 4194305 they keep ``STAGED_CONFIG_SHIFTED``'s lag 2 of 16384, a tie there): 93.2 / 91.3 /
-#:   88.7 against 92.3 / 77.6 / 75.3 at 4194305 / 5000011 / 5767167 (on 3.9 they take it already, ``SPILL_FALLBACKS``).
-#:   The H200 (session 46): 84.0-84.9 against 89.1-90.4 aligned at 4.19M-6.03M.
+#: - bf16 forward, lag 5 of 8192 from 65537 (the tables: 16384 in lag 1, from 1048576 lag 2 of 8192 in 4 slots, from
+#:   2097153 lag 2 of 16384, from 4194305 lag 3 in 4 slots, from 6029313 lag 5 as here). Aligned rows (TMA), session
+#:   52, % of copy: 98.0-98.1 against 93.8-95.1 at 65792 / 81920 / 98304 / 114688 / 131072 and 98.0 against 97.0 at
+#:   1048576 (``-s52-call10-fwd16-from-64k.log``, 5 rounds; 3.9: 97.9-98.0 against 93.8-95.8 at 131072 / 262144 /
+#:   786432); 97.8-97.9 against 93.8-95.7 at 262144 / 524288 / 786432 (``-call9-fwd16-below-1m.log``); 97.8-98.0
+#:   against 94.7-96.7 at 1048832-2097152 (``-call8-fwd16-from-1m.log``); 97.7-97.8 against 96.0-96.8 at
+#:   2097408-4194304 (``-call2-below-4m-tests.log``); 97.8 / 97.8 / 96.6 / 97.3 / 95.5 against 94.1 / 95.7 / 82.0 /
+#:   88.4 / 88.1 at 4194560 / 4718592 / 5000192 / 5767168 / 6029312 (``-call1-gpu-entries.log``, 3 rounds). Shifted
+#:   rows (by cp.async; below 4194305 they keep ``STAGED_CONFIG_SHIFTED``'s entries: lag 5 tied its lag 2 of 16384
+#:   at 2097153-4000037, call 2): 93.2 / 91.3 / 88.7 against 92.3 / 77.6 / 75.3 at 4194305 / 5000011 / 5767167 (on 3.9
+#:   they take it already, ``SPILL_FALLBACKS``). The H200 (session 46): 84.0-84.9 against 89.1-90.4 aligned at
+#:   4.19M-6.03M.
 #: - bf16 backward, shifted rows, lag 5 of 8192 (one program per multiprocessor; rows to 4325369) from 2883585
 #:   (the tables: lag 5 of 4096, from 4194305 lag 6), session 52 call 1: 89.3 / 88.0 / 89.6 / 87.8 / 87.3 against
 #:   84.4 / 77.9 / 81.6 / 84.7 / 87.2 at 2883585 / 3000017 / 3600001 / 4194305 / 4325369; from 2621441 it lost
@@ -324,9 +329,10 @@ STAGED_CONFIG_SHIFTED = {
 #: - Not taken: the bf16 backward's aligned rows in chunks of 8192 (TMA) from 2621441, -0.3 to +1.6 (call 1).
 STAGED_CONFIG_GPU = {
     "NVIDIA H100 80GB HBM3": {
-        ("main", "fwd", 2): [(2097153, (8192, 4, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 5, True))],
+        ("main", "fwd", 2): [(65537, (8192, 4, 7, 1, 5, True)), (1048576, (8192, 4, 7, 1, 5, True)),
+                             (2097153, (8192, 4, 7, 1, 5, True)), (4194305, (8192, 4, 7, 1, 5, True))],
         ("shifted", "bwd", 2): [(2883585, (8192, 4, 7, 1, 5, False)), (4194305, (8192, 4, 7, 1, 5, False)),
-                                (4325370, (4096, 4, 7, 1, 6, False))],  # (4325369: the 8192s' ring full)
+                                (4325370, (4096, 4, 7, 1, 6, False))],  # (the 8192s hold rows to 4325369)
     },
 }
 #: Configs that give way to another where their build spills registers on the triton installed (its
