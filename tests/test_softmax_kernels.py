@@ -1007,8 +1007,8 @@ def test_staged_gpu_entries_cpu():
             for (n, entry), (after, _) in zip(entries, entries[1:]):
                 for config in S.alternatives(entry) if entry is not None else ():
                     assert _holds_on_132(direction, elem, config, after - 1, True), (gpu, direction, elem, n, config)
-    # the H100's: the bf16 forward's lag 5 of 8192 from 65537 (aligned rows; shifted rows from 4194305, where
-    # they take the main table), the bf16 backward's shifted rows of 2883585-4325369 in chunks of 8192
+    # the H100's: the bf16 forward's lag 5 of 8192 from 65537 (aligned rows; shifted rows of 100000-524287, and
+    # from 4194305, where they take the main table), the bf16 backward's shifted rows of 2883585-4325369 in 8192s
     h100 = "NVIDIA H100 80GB HBM3"
     for gpu, want in ((h100, (8192, 4, 7, 1, 5)), (None, (8192, 4, 4, 1, 3)), ("NVIDIA H200", (8192, 4, 4, 1, 3))):
         assert S.staged_config("fwd", 2, 5000192, gpu=gpu)[:5] == want
@@ -1017,6 +1017,8 @@ def test_staged_gpu_entries_cpu():
         [(16384, 4, 3, 1, 1)] + [(8192, 4, 7, 1, 5)] * 4)
     assert S.staged_config("fwd", 2, 3000064)[:5] == S.staged_config("fwd", 2, 3000017, tma=False, shifted=True,
                                                                      gpu=h100)[:5] == (16384, 4, 3, 1, 2)
+    assert [S.staged_config("fwd", 2, n, tma=False, shifted=True, gpu=h100)[:5] for n in (99999, 100003, 524287)] == (
+        [S.staged_config("fwd", 2, 99999, tma=False, shifted=True)[:5]] + [(8192, 4, 7, 1, 5)] * 2)
     assert [S.staged_config("bwd", 2, n, tma=False, shifted=True, gpu=h100)[:2]
             for n in (2883583, 2883585, 4194305, 4325369, 4325371)] == [(4096, 4), (8192, 4), (8192, 4), (8192, 4),
                                                                         (4096, 4)]
