@@ -307,8 +307,8 @@ STAGED_CONFIG_SHIFTED = {
 #: e.g. an H100 PCIe, take the tables as they are): by table ("main": ``STAGED_CONFIG``, "shifted":
 #: ``STAGED_CONFIG_SHIFTED``) and (direction, element size), (shortest row, config) entries merged into the
 #: table's by length, where they take the place of the table's entries of the same length (``gpu_tables``).
-#: H100 SXM (the H200 lost with each: session 46, ``-s46-call3-winners.log``), ``knobs.py``, % of copy against the
-#: tables' configs, triton 3.6 unless said:
+#: H100 SXM (the H200 lost with each where measured: session 46, ``-s46-call3-winners.log``; session 52 calls 6 and
+#: 12), ``knobs.py``, % of copy against the tables' configs, triton 3.6 unless said:
 #: - bf16 forward, lag 5 of 8192 from 65537 (the tables: 16384 in lag 1, from 1048576 lag 2 of 8192 in 4 slots, from
 #:   2097153 lag 2 of 16384, from 4194305 lag 3 in 4 slots, from 6029313 lag 5 as here). Aligned rows (TMA), session
 #:   52, % of copy: 98.0-98.1 against 93.8-95.1 at 65792 / 81920 / 98304 / 114688 / 131072 and 98.0 against 97.0 at
