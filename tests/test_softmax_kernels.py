@@ -966,10 +966,9 @@ def test_staged_table_fits_and_checks_its_config_cpu():
 
 
 def _holds_on_132(direction: str, elem: int, config, n: int, shifted: bool) -> bool:
-    """Whether one launch of ``config`` holds rows of ``n`` on an H100 / H200 (132 multiprocessors of 228 KB,
-    1 KB a block reserved, ~640 B of the kernel's own beside the slots); shifted rows count 16 bytes more."""
-    per_sm = 233472 // (S.slot_bytes(direction, elem, config) - S.SLOT_SLACK + 640 + 1024)
-    return cdiv(n + (16 // elem - 1 if shifted else 0), config[0]) <= S.capacity(config[4], 132 * per_sm)
+    """Whether one launch of ``config`` holds rows of ``n`` on an H100 / H200 (132 multiprocessors of 228 KB);
+    shifted rows count 16 bytes more."""
+    return n + (16 // elem - 1 if shifted else 0) <= S.longest_row(direction, elem, config, 132, 233472)
 
 
 def test_staged_gpu_entries_cpu():

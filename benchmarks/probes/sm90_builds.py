@@ -35,19 +35,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 DTYPES = {2: "bfloat16", 4: "float32"}
-#: The GPU the row lengths are planned for: an H100's / H200's multiprocessors and shared memory
-#: per multiprocessor (bytes), of which CUDA keeps 1 KB per block; a staged build's shared memory
-#: beyond its slots (~600 B, session 15).
-SMS, SHARED_PER_SM, RESERVED_PER_BLOCK, SCRATCH = 132, 233472, 1024, 640
+#: The GPU the row lengths are planned for: an H100's / H200's multiprocessors and shared memory per
+#: multiprocessor (bytes).
+SMS, SHARED_PER_SM = 132, 233472
 
 
 def _longest(direction: str, elem: int, config) -> int:
-    """The longest row one launch of ``config`` takes on that GPU (``softmax_staged.capacity`` chunks,
-    with as many programs as its slots let a multiprocessor hold: registers may let fewer fit)."""
+    """The longest row one launch of ``config`` takes on that GPU (``softmax_staged.longest_row``)."""
     from ringsoftmax.kernels import softmax_staged as S
 
-    per_sm = SHARED_PER_SM // (S.slot_bytes(direction, elem, config) - S.SLOT_SLACK + SCRATCH + RESERVED_PER_BLOCK)
-    return config[0] * min(S.capacity(config[4], SMS * per_sm), S.MAX_PROGRAMS_PER_ROW)
+    return S.longest_row(direction, elem, config, SMS, SHARED_PER_SM)
 
 
 def _range_ends(entries, i: int, floor: int, direction: str, elem: int, config) -> tuple[int, int]:

@@ -1840,6 +1840,20 @@ def plan_knobs() -> tuple:
             STAGED_CONFIG_GPU) + F.stream_knobs()
 
 
+#: Shared memory a staged block takes beside its slots (mbarriers, the reductions' scratch: ~600 B measured in
+#: session 15), as ``longest_row`` counts it (``SLOT_SLACK`` rounds it up for the launch's fit).
+SLOT_SCRATCH = 640
+
+
+def longest_row(direction: str, elem: int, config, sms: int, shared_per_sm: int) -> int:
+    """The longest row (in elements, for rows 16-byte aligned) one launch of ``config`` holds on a GPU of ``sms``
+    multiprocessors of ``shared_per_sm`` bytes of shared memory: ``capacity`` chunks with as many programs per
+    multiprocessor as its slots let fit (CUDA reserves ``RESERVED_SHARED_PER_BLOCK`` a block; registers may let
+    fewer fit), at most ``MAX_PROGRAMS_PER_ROW``. (An H100 / H200: 132 and 233472.)"""
+    block = slot_bytes(direction, elem, config) - SLOT_SLACK + SLOT_SCRATCH + F.RESERVED_SHARED_PER_BLOCK
+    return config[0] * min(capacity(config[4], sms * (shared_per_sm // block)), MAX_PROGRAMS_PER_ROW)
+
+
 def capacity(lag: int, programs: int) -> int:
     """The most chunks one row may have in a ring of ``lag`` over ``programs`` resident programs:
     a chunk is written ``lag`` steps after its reduction, and its row's other chunks are claimed within
