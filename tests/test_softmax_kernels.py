@@ -996,8 +996,8 @@ def test_staged_gpu_entries_cpu():
                 assert config[2:5] in S.RINGS and S.slot_bytes(direction, elem, config) <= hopper
                 assert config[0] % (32 * config[1] * 16 // elem) == 0
                 assert not shifted or not config[5]
-                end = min([k for k, _ in merged if k > n] + [1 << 40]) - 1
-                for length in (n, (n + end) // 2 | 1, end) if end < 1 << 40 else (n,):
+                later = [k for k, _ in merged if k > n]  # (none: the table's last entry, held past its rows)
+                for length in (n, (n + later[0] - 1) // 2 | 1, later[0] - 1) if later else (n,):
                     got = S.staged_config(direction, elem, length, tma=not shifted, shifted=shifted, gpu=gpu)
                     assert got == config, (gpu, name, direction, elem, length)
                     assert _holds_on_132(direction, elem, config, length, shifted), (gpu, length, config)
@@ -1022,6 +1022,10 @@ def test_staged_gpu_entries_cpu():
             for n in (2883583, 2883585, 4194305, 4325369, 4325371)] == [(4096, 4), (8192, 4), (8192, 4), (8192, 4),
                                                                         (4096, 4)]
     assert S.staged_config("bwd", 2, 3000064, gpu=h100) == S.staged_config("bwd", 2, 3000064)  # (aligned: the table)
+    # and the float32 forward's shifted rows from 4194305 in lag 7 of 8192 by 8 warps (rows to 6488064)
+    assert [S.staged_config("fwd", 4, n, tma=False, shifted=True, gpu=h100)[:5] for n in (4194303, 4194305, 6488061)] == (
+        [S.staged_config("fwd", 4, 4194303, tma=False, shifted=True)[:5]] + [(8192, 8, 7, 1, 7)] * 2)
+    assert S.staged_config("fwd", 4, 4194305, tma=False, shifted=True)[:5] == (4096, 4, 7, 1, 6)
 
 
 @pytest.mark.gpu

@@ -331,6 +331,16 @@ STAGED_CONFIG_SHIFTED = {
 #:   (87.2 / 87.5 against 88.8 / 91.3 at 2621441 / 2750003). Session 46 on 3.9: 88.2 / 89.6 / 88.1 against 85.7 /
 #:   82.1 / 77.6 at 3000017 / 3600001 / 4194305. The H200: -2.4 to -12.4 at 2.5M-3.6M.
 #: - Not taken: the bf16 backward's aligned rows in chunks of 8192 (TMA) from 2621441, -0.3 to +1.6 (call 1).
+#: - float32 forward, shifted rows, lag 7 of 8192 by 8 warps (one program per multiprocessor; rows to 6.49M, as the
+#:   table's lag 7 of 4096) from 4194305 (the table: lag 6 of 4096, from 5406718 lag 7), session 53 (calls 3-4,
+#:   ``-s53-call3-fp32-fwd-shifted.log``, ``-call4-fp32-shifted.log``, 3 rounds): 89.9 / 90.6 / 91.0 / 92.1 / 92.0 /
+#:   91.1 against 86.2 / 85.1 / 83.0 / 88.9 / 86.9 / 85.5 at 4194305 / 5000011 / 5406717 / 6000001 / 6200001 /
+#:   6488061, and the held path's longer rows with it 78.7 against 77.5 at 8000001; as landed (call 6, against
+#:   ``STAGED_CONFIG_GPU = {}``): 89.9 / 91.0 / 91.2 against 86.0 / 82.6 / 85.3 at 4194305 / 5406717 / 6488061.
+#:   Below 4194305 the table's configs won (92.5 / 91.7 against 86.3 / 88.0 at 2621441 / 3200001). The same ring
+#:   by 4 warps ran 31% (two chunks of 64 elements a thread in registers). Aligned rows (TMA) run the table's at
+#:   97.0-99.5 and tie this ring (call 7). The H200: 71.5-73.4 against 79.7-82.0 (call 5). The float32 backward's
+#:   shifted rows in 4096s by 8 warps (lag 5-7, from 2097153) tied or lost (-1.2 to +1.3, call 4).
 STAGED_CONFIG_GPU = {
     "NVIDIA H100 80GB HBM3": {
         ("main", "fwd", 2): [(65537, (8192, 4, 7, 1, 5, True)), (1048576, (8192, 4, 7, 1, 5, True)),
@@ -338,6 +348,7 @@ STAGED_CONFIG_GPU = {
         ("shifted", "fwd", 2): [(100000, (8192, 4, 7, 1, 5, False))],
         ("shifted", "bwd", 2): [(2883585, (8192, 4, 7, 1, 5, False)), (4194305, (8192, 4, 7, 1, 5, False)),
                                 (4325370, (4096, 4, 7, 1, 6, False))],  # (the 8192s hold rows to 4325369)
+        ("shifted", "fwd", 4): [(4194305, (8192, 8, 7, 1, 7, False)), (5406718, (8192, 8, 7, 1, 7, False))],
     },
 }
 #: Configs that give way to another where their build spills registers on the triton installed (its
