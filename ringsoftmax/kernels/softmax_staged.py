@@ -340,7 +340,7 @@ STAGED_CONFIG_SHIFTED = {
 #:   Below 4194305 the table's configs won (92.5 / 91.7 against 86.3 / 88.0 at 2621441 / 3200001). The same ring
 #:   by 4 warps ran 31% (two chunks of 64 elements a thread in registers). Aligned rows (TMA) run the table's at
 #:   97.0-99.5 and tie this ring (call 7). The H200: 71.5-73.4 against 79.7-82.0 (call 5). The float32 backward's
-#:   shifted rows in 4096s by 8 warps (lag 5-7, from 2097153) tied or lost (-1.2 to +1.3, call 4).
+#:   shifted rows in 4096s by 8 warps from 2097153: lag 7 tied (-0.9 to +1.3), lags 5-6 lost (to -14.4), call 4.
 STAGED_CONFIG_GPU = {
     "NVIDIA H100 80GB HBM3": {
         ("main", "fwd", 2): [(65537, (8192, 4, 7, 1, 5, True)), (1048576, (8192, 4, 7, 1, 5, True)),
