@@ -1023,8 +1023,8 @@ def test_staged_gpu_entries_cpu():
                                                                         (4096, 4)]
     assert S.staged_config("bwd", 2, 3000064, gpu=h100) == S.staged_config("bwd", 2, 3000064)  # (aligned: the table)
     # and the float32 forward's shifted rows from 4194305 in lag 7 of 8192 by 8 warps (rows to 6488064)
-    assert [S.staged_config("fwd", 4, n, tma=False, shifted=True, gpu=h100)[:5] for n in (4194303, 4194305, 6488061)] == (
-        [S.staged_config("fwd", 4, 4194303, tma=False, shifted=True)[:5]] + [(8192, 8, 7, 1, 7)] * 2)
+    got = [S.staged_config("fwd", 4, n, tma=False, shifted=True, gpu=h100)[:5] for n in (4194303, 4194305, 6488061)]
+    assert got == [S.staged_config("fwd", 4, 4194303, tma=False, shifted=True)[:5]] + [(8192, 8, 7, 1, 7)] * 2
     assert S.staged_config("fwd", 4, 4194305, tma=False, shifted=True)[:5] == (4096, 4, 7, 1, 6)
 
 
