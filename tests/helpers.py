@@ -36,6 +36,26 @@ def softmax_grad64(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return y * (dy - (dy * y).sum(-1, keepdim=True))
 
 
+def check_softmax_grad(y, dy, dx, tol, delta=None) -> None:
+    """dx (m, n) against the float64 gradient of the softmax output ``y`` that the backward was given,
+    ``y * (dy - delta)`` with ``delta = rowsum(y * dy)`` (or the given ``delta``, (m,)).
+
+    The error is measured on the scale of ``|y| (|dy| + |delta|)``, not of ``|dx|``: dy - delta cancels,
+    so where rows are nearly one-hot dx is tiny and a float32 (or 16-bit) error bound follows the terms,
+    and the reference uses the rounded y the kernel read, not the exact softmax.
+    """
+    y64, dy64 = y.double(), dy.double()
+    d64 = (y64 * dy64).sum(-1) if delta is None else delta.double()
+    want = y64 * (dy64 - d64[:, None])
+    assert dx.dtype == dy.dtype and dx.shape == dy.shape and dx.is_contiguous()
+    assert not torch.isnan(dx).any()
+    scale = (y64.abs() * (dy64.abs() + d64.abs()[:, None])).norm().item()
+    # float16 stores values under 6e-5 as subnormals, 6e-8 apart: allow half a step per element
+    floor = 2.0**-25 * dx.numel() ** 0.5 if dx.dtype == torch.float16 else 0.0
+    err = (dx.double() - want).norm().item()
+    assert err <= tol * scale + floor, f"dx: {err / max(scale, 1e-300):.2e} of the |y| (|dy| + |delta|) scale"
+
+
 def gpu_sleep(seconds: float, device=0) -> None:
     """Queue a kernel that spins ~``seconds`` on ``device``'s current stream (work queued after it waits)."""
     torch.cuda._sleep(int(seconds * torch.cuda.get_device_properties(device).clock_rate * 1e3))
@@ -51,8 +71,8 @@ def attention64(q, k, v, causal=False, scale=None, q_pos=None, k_pos=None):
     v = v.repeat_interleave(h // hkv, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if causal:
-        qp = torch.arange(sq) if q_pos is None else q_pos
-        kp = torch.arange(sk) if k_pos is None else k_pos
+        qp = (torch.arange(sq) if q_pos is None else q_pos).to(s.device)
+        kp = (torch.arange(sk) if k_pos is None else k_pos).to(s.device)
         s = s.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
     lse = torch.logsumexp(s, -1)
     safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)

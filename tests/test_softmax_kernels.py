@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from helpers import rel_err, softmax64
+from helpers import check_softmax_grad, rel_err, softmax64
 from ringsoftmax.kernels import softmax_bwd as B
 from ringsoftmax.kernels import softmax_fwd as F
 from ringsoftmax.kernels import softmax_held as H
@@ -72,20 +72,6 @@ def check_fwd(x, y, lse, tol):
     assert torch.isneginf(lse[empty]).all() and (y[empty] == 0).all()
 
 
-def check_bwd(y, dy, dx, tol, delta=None):
-    y64, dy64 = y.double(), dy.double()
-    d64 = (y64 * dy64).sum(-1) if delta is None else delta.double()
-    want = y64 * (dy64 - d64[:, None])
-    assert dx.dtype == dy.dtype and dx.shape == dy.shape and dx.is_contiguous()
-    assert not torch.isnan(dx).any()
-    # dy - delta cancels: the float32 error bound scales with |y| (|dy| + |delta|), not with |dx|
-    scale = (y64.abs() * (dy64.abs() + d64.abs()[:, None])).norm().item()
-    # float16 stores values under 6e-5 as subnormals, 6e-8 apart: allow half a step per element
-    floor = 2.0**-25 * dx.numel() ** 0.5 if dx.dtype == torch.float16 else 0.0
-    err = (dx.double() - want).norm().item()
-    assert err <= tol * scale + floor, f"dx: {err / max(scale, 1e-300):.2e} of the |y| (|dy| + |delta|) scale"
-
-
 def off_16_bytes(t):
     """A copy of contiguous ``t`` whose data pointer is one element past a 16-byte boundary."""
     flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
@@ -135,7 +121,7 @@ def test_rows_exact_tiles_cpu(n, dtype, poisoned, monkeypatch):
     yb, dy = softmax_pair(8, n, dtype, "cpu")
     for chunk in (None, 16384, 16):
         monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
-        check_bwd(yb, dy, B.softmax_bwd(yb, dy), TOL[dtype])
+        check_softmax_grad(yb, dy, B.softmax_bwd(yb, dy), TOL[dtype])
 
 
 def test_host_integer_helpers_match_triton():
@@ -376,7 +362,7 @@ def check_rows_by_length(m, n, dtype, direction, device):
         check_fwd(x, y, lse, TOL[dtype])
     else:
         y, dy = softmax_pair(m, n, dtype, device)
-        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+        check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
         assert rel_err(B.row_dot(y, dy), (y.double() * dy.double()).sum(-1)) <= 1e-5
 
 
@@ -420,7 +406,7 @@ def test_persistent_schedules_cpu(m, n, chunk, poisoned, small_regimes, monkeypa
     y, lse = F.softmax_fwd(x)
     check_fwd(x, y, lse, TOL[torch.float32])
     dy = torch.randn(m, n)
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
     assert F.sync_failures("cpu") == 0
 
 
@@ -506,11 +492,11 @@ def test_bad_inputs_cpu():
 @pytest.mark.parametrize("n", [1, 2, 127, 1000, 4097])
 def test_bwd_rows_cpu(n, dtype, poisoned):
     y, dy = softmax_pair(4, n, dtype, "cpu")
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
     delta = B.row_dot(y, dy)
     assert rel_err(delta, (y.double() * dy.double()).sum(-1)) <= 1e-5
     given = torch.randn(4)
-    check_bwd(y, dy, B.softmax_bwd(y, dy, given), TOL[dtype], delta=given)
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy, given), TOL[dtype], delta=given)
 
 
 @cpu_only
@@ -522,7 +508,7 @@ def test_bwd_rows_reload_cpu(m, n, chunk, poisoned, monkeypatch):
     monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
     for dtype in (torch.float32, torch.float16):
         y, dy = softmax_pair(m, n, dtype, "cpu")
-        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+        check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
         assert rel_err(B.row_dot(y, dy), (y.double() * dy.double()).sum(-1)) <= 1e-5
 
 
@@ -535,7 +521,7 @@ def test_bwd_split_cpu(n, dtype, persistent, poisoned, small_regimes, monkeypatc
         monkeypatch.setattr(F, "INTERPRETER_PERSISTENT", True)
         monkeypatch.setattr(B, "BWD_SPLIT_CHUNK", {4: (256, 1), 2: (256, 1)})
     y, dy = softmax_pair(6, n, dtype, "cpu")
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
     assert rel_err(B.row_dot(y, dy), (y.double() * dy.double()).sum(-1)) <= 1e-5
 
 
@@ -548,7 +534,7 @@ def test_two_pass_second_pass_order_cpu(reversed_, poisoned, small_regimes, monk
     y, lse = F.softmax_fwd(x)
     check_fwd(x, y, lse, TOL[torch.float32])
     yy, dy = softmax_pair(6, 4097, torch.float32, "cpu")
-    check_bwd(yy, dy, B.softmax_bwd(yy, dy), TOL[torch.float32])
+    check_softmax_grad(yy, dy, B.softmax_bwd(yy, dy), TOL[torch.float32])
 
 
 @cpu_only
@@ -581,7 +567,7 @@ def test_bwd_mixed_dtypes_and_strides_cpu(poisoned, small_regimes):
     big = torch.randn(6, 400).to(torch.float16)
     big[:, 50:350] = dy.to(torch.float16)
     dy = big[:, 50:350]
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float16])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[torch.float16])
 
 
 def check_unaligned_tiles(m, n, dtype, device):
@@ -618,7 +604,7 @@ def check_unaligned_tiles(m, n, dtype, device):
             B._rows(B.rows_plan(yy, dy, dx), yy, dy, dx, None)
         else:
             B._elementwise(yy, dy, dx, delta)
-        check_bwd(yy, dy, dx.contiguous(), TOL[dtype])
+        check_softmax_grad(yy, dy, dx.contiguous(), TOL[dtype])
         assert kept(big)
 
 
@@ -738,7 +724,7 @@ def test_fwd_64bit_offsets_gpu(n, poisoned):
         check_fwd(x[rows], y[rows], lse[rows], TOL[torch.bfloat16])
     dx = B.softmax_bwd(y, x)
     for rows in (slice(0, 1), slice(m - 2, m)):
-        check_bwd(y[rows], x[rows], dx[rows], TOL[torch.bfloat16])
+        check_softmax_grad(y[rows], x[rows], dx[rows], TOL[torch.bfloat16])
     del x, y, dx
     torch.cuda.empty_cache()
 
@@ -751,14 +737,14 @@ def test_bwd_gpu(n, dtype, path, poisoned, monkeypatch):
     skip_same_path(path, n, n <= B.BWD_ROWS_MAX_N, False)
     use_split_path(monkeypatch, path, (B, "BWD_PERSISTENT_MAX_ROW_BYTES"))
     y, dy = softmax_pair(_rows_for(n), n, dtype, "cuda")
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
     delta = B.row_dot(y, dy)
     # against the scale of its terms, sum |y dy|: the dot itself cancels (rows of 16M: |delta| ~ 1e-4
     # of it; a relative bound on delta alone failed at 1.9e-5, H200)
     y64, dy64 = y.double(), dy.double()
     err = (delta.double() - (y64 * dy64).sum(-1)).norm().item()
     assert err <= 1e-5 * (y64.abs() * dy64.abs()).sum(-1).norm().item()
-    check_bwd(y, dy, B.softmax_bwd(y, dy, delta), TOL[dtype], delta=delta)
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy, delta), TOL[dtype], delta=delta)
     assert F.sync_failures("cuda") == 0
 
 
@@ -792,7 +778,7 @@ def test_bwd_rows_reload_gpu(m, n, dtype, chunk, poisoned, monkeypatch):
     """The backward rows kernel with whole rows in registers, or summing in pieces and reading again."""
     monkeypatch.setattr(B, "BWD_ROWS_CHUNK", {4: chunk, 2: chunk})
     y, dy = softmax_pair(m, n, dtype, "cuda")
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
 
 
 @pytest.mark.gpu
@@ -800,7 +786,7 @@ def test_bwd_rows_reload_gpu(m, n, dtype, chunk, poisoned, monkeypatch):
 def test_bwd_persistent_shapes_gpu(m, n, poisoned):
     y, dy = softmax_pair(m, n + 64, torch.bfloat16, "cuda")
     y, dy = y[:, 32:32 + n], dy[:, 16:16 + n]
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
     assert F.sync_failures("cuda") == 0
 
 
@@ -846,7 +832,7 @@ def test_short_rows_through_the_staged_kernel_gpu(n, dtype, poisoned, monkeypatc
     assert (launched == ["fwd"]) == (n >= S.STAGED_MIN_N["fwd", elem] or F.rows_fit(F.ROWS_MAX_N[elem], x, y) is None)
     launched.clear()
     yy, dy = softmax_pair(m, n, dtype, "cuda")
-    check_bwd(yy, dy, B.softmax_bwd(yy, dy), TOL[dtype])
+    check_softmax_grad(yy, dy, B.softmax_bwd(yy, dy), TOL[dtype])
     layout = F.rows_fit(B.BWD_ROWS_MAX_N, yy, dy, yy, direction="bwd")
     assert (launched == ["bwd"]) == B.staged_first(layout, elem)
     assert F.sync_failures("cuda") == 0
@@ -873,7 +859,7 @@ def test_rows_off_16_bytes_gpu(n, dtype, poisoned, monkeypatch):
     assert bool(rows) == (n <= F.ROWS_MAX_N_ELEMENTWISE[elem])
     launched.clear()
     yy, dy = (off_16_bytes(t) for t in softmax_pair(m, n, dtype, "cuda"))
-    check_bwd(yy, dy, B.softmax_bwd(yy, dy), TOL[dtype])
+    check_softmax_grad(yy, dy, B.softmax_bwd(yy, dy), TOL[dtype])
     least = B.BWD_STAGED_ELEMENTWISE_MIN_N[elem]
     assert (launched == ["bwd"]) == (least is not None and n >= least)
     assert F.sync_failures("cuda") == 0
@@ -1076,7 +1062,7 @@ def test_staged_shapes_gpu(m, n, dtype, tma, poisoned):
     dy = torch.randn_like(y)
     dx = torch.empty_like(dy)
     assert S.launch("bwd", y, dy, dx, dx, bwd)
-    check_bwd(y, dy, dx, TOL[dtype])
+    check_softmax_grad(y, dy, dx, TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1114,7 +1100,7 @@ def test_staged_unaligned_rows_gpu(m, n, dtype, poisoned):
     yy, dy = softmax_pair(m, n, dtype, "cuda")
     big, dx = framed()
     assert S.launch("bwd", yy, dy, dx, None)
-    check_bwd(yy, dy, dx.contiguous(), TOL[dtype])
+    check_softmax_grad(yy, dy, dx.contiguous(), TOL[dtype])
     assert kept(big)
     assert F.sync_failures("cuda") == 0
 
@@ -1140,7 +1126,7 @@ def test_staged_sub_tiles_gpu(m, n, dtype, tma, poisoned):
         check_fwd(x, out, lse, TOL[dtype])
         dx = torch.empty_like(dy)
         assert S.launch("bwd", y, dy, dx, None, config)
-        check_bwd(y, dy, dx, TOL[dtype])
+        check_softmax_grad(y, dy, dx, TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1235,7 +1221,7 @@ def test_staged_deep_rings_gpu(direction, dtype, poisoned):
         else:
             y, dy = softmax_pair(3, n, dtype, "cuda")
             assert S.launch_config("bwd", y, dy)[4] >= 3
-            check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+            check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
         if torch.cuda.get_device_capability()[0] == 9:  # TMA rows, the table's entry for them
             assert S.launch_config(direction, x, x) == want, (start, want)
         assert F.sync_failures("cuda") == 0, start
@@ -1264,7 +1250,7 @@ def test_staged_shifted_deep_rings_gpu(direction, dtype, poisoned, monkeypatch):
             y, lse = F.softmax_fwd(x)
             check_fwd(x, y, lse, TOL[dtype])
         else:
-            check_bwd(a, b, B.softmax_bwd(a, b), TOL[dtype])
+            check_softmax_grad(a, b, B.softmax_bwd(a, b), TOL[dtype])
         assert F.sync_failures("cuda") == 0, n
 
 
@@ -1313,7 +1299,7 @@ def test_staged_rows_at_full_capacity_gpu(poisoned, monkeypatch):
     torch.cuda.synchronize()
     assert F.sync_failures("cuda") == before
     assert dx.is_contiguous()
-    check_bwd(y[::13], dy[::13], dx[::13].contiguous(), TOL[torch.bfloat16])  # (every 13th row: float64 copies)
+    check_softmax_grad(y[::13], dy[::13], dx[::13].contiguous(), TOL[torch.bfloat16])  # (every 13th row: float64 copies)
 
 
 def test_held_width_cpu(monkeypatch):
@@ -1394,7 +1380,7 @@ def test_held_path_captured_in_cuda_graph_gpu(direction, n, monkeypatch):
         if direction == "fwd":
             check_fwd(a, out, lse, TOL[torch.float32])
         else:
-            check_bwd(a, b, out, TOL[torch.float32])
+            check_softmax_grad(a, b, out, TOL[torch.float32])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1485,7 +1471,7 @@ def test_staged_tma_only_config_gpu(poisoned):
         y, dy = softmax_pair(3, n, torch.bfloat16, "cuda")
         config = S.launch_config("bwd", y, dy)
         assert S.tma_only("bwd", 2, config) == (hopper and n % 64 == 0)
-        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
+        check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[torch.bfloat16])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1536,7 +1522,7 @@ def test_staged_small_grids_gpu(programs, claim, ring, poisoned, monkeypatch):
     launched = S.launch("bwd", y, dy, dx, dx, configs[1])
     assert launched == fits(configs[1][0])
     if launched:
-        check_bwd(y, dy, dx, TOL[torch.float32])
+        check_softmax_grad(y, dy, dx, TOL[torch.float32])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1565,7 +1551,7 @@ def test_staged_16bit_chunks_held_as_words_gpu(ring, chunks, dtype, claim, tma, 
     assert S.launch("bwd", y, dy, dx, dx, ring + (tma,)) == fits
     if fits:
         check_fwd(x, out, lse, TOL[dtype])
-        check_bwd(y, dy, dx, TOL[dtype])
+        check_softmax_grad(y, dy, dx, TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1605,7 +1591,7 @@ def test_staged_merge_partition_gpu(ring, early, waits, dtype, claim, chunks, po
     dx = torch.empty_like(dy)
     assert S.launch("fwd", x, x, out, lse, config) and S.launch("bwd", y, dy, dx, dx, config)
     check_fwd(x, out, lse, TOL[dtype])
-    check_bwd(y, dy, dx, TOL[dtype])
+    check_softmax_grad(y, dy, dx, TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1628,7 +1614,7 @@ def test_staged_merge_partition_that_gives_up_still_computes_right_gpu(waits, po
         y, dy = softmax_pair(9, 30 * 1024 + 16, torch.bfloat16, "cuda")
         dx = torch.empty_like(dy)
         assert S.launch("bwd", y, dy, dx, dx, config)
-        check_bwd(y, dy, dx, TOL[torch.bfloat16])
+        check_softmax_grad(y, dy, dx, TOL[torch.bfloat16])
         assert F.sync_failures("cuda") > before
     finally:
         F.error_counter("cuda").zero_()  # the other tests expect no give-ups in this process
@@ -1645,7 +1631,7 @@ def test_staged_one_row_with_any_stride_gpu(dtype, poisoned):
     y, lse = F.softmax_fwd(x)
     check_fwd(x, y, lse, TOL[dtype])
     y, dy = (t[:1, 32:32 + n] for t in softmax_pair(2, n + 66, dtype, "cuda"))
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[dtype])
 
 
 @pytest.mark.gpu
@@ -1692,7 +1678,7 @@ def test_staged_wait_that_gives_up_still_computes_right_gpu(poisoned, monkeypatc
         y, lse = F.softmax_fwd(x)
         check_fwd(x, y, lse, TOL[torch.float32])
         dy = torch.randn_like(y)
-        check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
+        check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
         assert F.sync_failures("cuda") > before
     finally:
         F.error_counter("cuda").zero_()  # the other tests expect no give-ups in this process
@@ -1714,7 +1700,7 @@ def test_persistent_wait_that_gives_up_still_computes_right_cpu(programs_per_row
     y, lse = F.softmax_fwd(x)
     check_fwd(x, y, lse, TOL[torch.float32])
     dy = torch.randn(5, 300)
-    check_bwd(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
+    check_softmax_grad(y, dy, B.softmax_bwd(y, dy), TOL[torch.float32])
     assert F.sync_failures("cpu") > before          # the fallback did run
 
 
@@ -1788,8 +1774,8 @@ def _check_held_split(direction, dtype, n, monkeypatch):
         check_fwd(a, out, lse, TOL[dtype])
         check_fwd(a, *F.softmax_fwd(a), TOL[dtype])
     else:
-        check_bwd(a, b, out, TOL[dtype])
-        check_bwd(a, b, B.softmax_bwd(a, b), TOL[dtype])
+        check_softmax_grad(a, b, out, TOL[dtype])
+        check_softmax_grad(a, b, B.softmax_bwd(a, b), TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 
@@ -1812,7 +1798,7 @@ def test_held_split_past_capacity_gpu(direction, dtype, n, poisoned, monkeypatch
     if direction == "fwd":
         check_fwd(a, out, lse, TOL[dtype])
     else:
-        check_bwd(a, b, out, TOL[dtype])
+        check_softmax_grad(a, b, out, TOL[dtype])
     assert F.sync_failures("cuda") == 0
 
 
