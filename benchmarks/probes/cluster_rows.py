@@ -35,6 +35,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from ringsoftmax.kernels import softmax_fwd as F  # noqa: E402
+from softmax_staged import DTYPES, bench, copy_gbs  # noqa: E402  (same folder: the staged probe's helpers)
 
 @triton.jit
 def cluster_rows_fwd(x_ptr, y_ptr, N, stride, BLOCK: tl.constexpr, VEC: tl.constexpr):
@@ -115,19 +116,6 @@ def cluster_softmax(x: torch.Tensor, y: torch.Tensor, ctas: int, warps: int, ver
     return y
 
 
-def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
-
-
-def copy_gbs() -> float:
-    a = torch.empty(2 * 1024**3 // 4, device="cuda").normal_()
-    b = torch.empty_like(a)
-    t = bench(lambda: b.copy_(a))
-    del a, b
-    torch.cuda.empty_cache()
-    return 4 * 1024**3 / t / 1e6
-
-
 def max_err(x: torch.Tensor, y: torch.Tensor) -> float:
     want = torch.softmax(x.double(), -1).nan_to_num(0.0)
     return ((y.double() - want).abs().max() / want.abs().max()).item()
@@ -140,13 +128,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--configs", default="v2:4x8,v2:8x4,v1:8x4", help="version:CTAsxwarps, comma-separated")
     args = p.parse_args()
-    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
     copy = copy_gbs()
     print(f"device | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | copy {copy:.0f} GB/s")
     configs = [(int(c[1]), *(int(v) for v in c[3:].split("x"))) for c in args.configs.split(",")]
     print("N | M | dtype | lib %copy | " + " | ".join(f"v{v}:{c}x{w} %copy (err)" for v, c, w in configs) + " | best / lib")
     for name in args.dtypes.split(","):
-        dtype = dtypes[name]
+        dtype = DTYPES[name]
         for n in (int(s) for s in args.sizes.split(",")):
             m = (1 << 28) // n
             x = (torch.randn(m, n, device="cuda") * 30).to(dtype)
