@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ringsoftmax.kernels import softmax_fwd as F  # noqa: E402
 from softmax_staged import DTYPES, bench, copy_gbs  # noqa: E402  (same folder: the staged probe's helpers)
 
+
 @triton.jit
 def cluster_rows_fwd(x_ptr, y_ptr, N, stride, BLOCK: tl.constexpr, VEC: tl.constexpr):
     """y = softmax(x) over rows of N (>= 2 VEC) elements, one row per program, x and y alike aligned.
